@@ -1,0 +1,1 @@
+"""Pallas kernels over the vocabulary, installed as ``jaxrl_llm.kernels``."""
