@@ -1,0 +1,143 @@
+"""The sampler's configuration: how logits become the behaviour policy mu.
+
+The processing order is the one Hugging Face's warpers use: temperature, then
+top-k, then top-p (on the top-k-renormalised distribution), then min-p. The
+recorded behaviour log-probs are those of the distribution after all of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Floating dtypes the sampler may cast its params and compute to.
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise TypeError(f"SamplingConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
+  if value < low or (high is not None and value > high):
+    allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+    raise ValueError(f"SamplingConfig.{name}={value} is out of range: allowed {allowed}")
+
+
+def _check_float(name: str, value) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise TypeError(f"SamplingConfig.{name} must be a number, got {value!r} ({type(value).__name__})")
+  value = float(value)
+  if value != value or value in (float("inf"), float("-inf")):
+    raise ValueError(f"SamplingConfig.{name}={value} must be finite")
+  return value
+
+
+def _check_ids(name: str, ids) -> tuple[int, ...]:
+  if not isinstance(ids, (tuple, list)):
+    raise TypeError(f"SamplingConfig.{name} must be a tuple of token ids, got {ids!r}")
+  for i in ids:
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+      raise ValueError(f"SamplingConfig.{name} holds {i!r}: token ids are ints >= 0")
+  return tuple(ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How to sample, what to record. Hashable: it is a static jit argument.
+
+  Attributes:
+    temperature: logits are divided by it; 0 means greedy (argmax, and the
+      recorded log mu is 0 = log 1, the greedy policy being a point mass).
+    top_k: keep the k most likely tokens; 0 disables.
+    top_p: keep the smallest set of most likely tokens whose mass reaches
+      top_p, in (0, 1]; 1 disables.
+    min_p: keep tokens with p >= min_p * p_max, in [0, 1); 0 disables.
+    max_new_tokens: response length R (the output arrays are [B, R]).
+    n_samples: samples per prompt; the samples of one prompt are consecutive
+      rows (a group), row b belongs to prompt b // n_samples.
+    eos_ids: tokens that end a row with finish reason "eos".
+    stop_ids: tokens that end a row with finish reason "stop".
+    pad_id: written after a row has finished.
+    record_topk: record the k most likely ids and their log mu per position;
+      0 disables.
+    record_raw_logp: also record log softmax(logits)[y] at temperature 1 and
+      without truncation (the sampling model's own log-prob).
+    dtype: cast floating params and the model's compute dtype to this before
+      sampling ("bfloat16" for a cheaper sampler than an f32 trainer); None
+      samples with the params and model config exactly as given.
+    cache_len: KV cache slots S; None means P + max_new_tokens. A prompt of
+      length P with P + max_new_tokens > cache_len is an error.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  min_p: float = 0.0
+  max_new_tokens: int = 128
+  n_samples: int = 1
+  eos_ids: tuple[int, ...] = ()
+  stop_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+  record_topk: int = 0
+  record_raw_logp: bool = False
+  dtype: str | None = None
+  cache_len: int | None = None
+
+  def __post_init__(self):
+    temperature = _check_float("temperature", self.temperature)
+    if temperature < 0:
+      raise ValueError(f"SamplingConfig.temperature={temperature} must be >= 0 (0 means greedy)")
+    top_p = _check_float("top_p", self.top_p)
+    if not 0.0 < top_p <= 1.0:
+      raise ValueError(f"SamplingConfig.top_p={top_p} must be in (0, 1] (1 disables)")
+    min_p = _check_float("min_p", self.min_p)
+    if not 0.0 <= min_p < 1.0:
+      raise ValueError(f"SamplingConfig.min_p={min_p} must be in [0, 1) (0 disables)")
+    _check_int("top_k", self.top_k, 0)
+    _check_int("max_new_tokens", self.max_new_tokens, 1)
+    _check_int("n_samples", self.n_samples, 1)
+    _check_int("pad_id", self.pad_id, 0)
+    _check_int("record_topk", self.record_topk, 0)
+    eos_ids = _check_ids("eos_ids", self.eos_ids)
+    stop_ids = _check_ids("stop_ids", self.stop_ids)
+    both = sorted(set(eos_ids) & set(stop_ids))
+    if both:
+      raise ValueError(f"SamplingConfig: ids {both} are in both eos_ids and stop_ids; the finish reason would be ambiguous")
+    if not isinstance(self.record_raw_logp, bool):
+      raise TypeError(f"SamplingConfig.record_raw_logp must be a bool, got {self.record_raw_logp!r}")
+    if self.dtype is not None and self.dtype not in _DTYPES:
+      raise ValueError(f"SamplingConfig.dtype={self.dtype!r} must be None or one of {_DTYPES}")
+    if self.cache_len is not None:
+      _check_int("cache_len", self.cache_len, self.max_new_tokens + 1)
+    # Normalise numbers and id lists so equal configs hash equal (one compile).
+    object.__setattr__(self, "temperature", temperature)
+    object.__setattr__(self, "top_p", top_p)
+    object.__setattr__(self, "min_p", min_p)
+    object.__setattr__(self, "eos_ids", eos_ids)
+    object.__setattr__(self, "stop_ids", stop_ids)
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  def check_vocab(self, vocab_size: int) -> None:
+    """Checks the fields bounded by the vocabulary (known only with the model)."""
+    if self.top_k > vocab_size:
+      raise ValueError(f"SamplingConfig.top_k={self.top_k} exceeds the vocabulary size {vocab_size}: allowed [0, {vocab_size}]")
+    if self.record_topk > vocab_size:
+      raise ValueError(f"SamplingConfig.record_topk={self.record_topk} exceeds the vocabulary size {vocab_size}: allowed [0, {vocab_size}]")
+    for name in ("eos_ids", "stop_ids"):
+      bad = [i for i in getattr(self, name) if i >= vocab_size]
+      if bad:
+        raise ValueError(f"SamplingConfig.{name} holds {bad}, outside the vocabulary [0, {vocab_size})")
+    if self.pad_id >= vocab_size:
+      raise ValueError(f"SamplingConfig.pad_id={self.pad_id} is outside the vocabulary [0, {vocab_size})")
+
+  def cache_slots(self, prompt_len: int) -> int:
+    """The KV cache length S for prompts padded to prompt_len."""
+    needed = prompt_len + self.max_new_tokens
+    if self.cache_len is None:
+      return needed
+    if needed > self.cache_len:
+      raise ValueError(
+          f"prompt length {prompt_len} + max_new_tokens {self.max_new_tokens} = {needed} exceeds "
+          f"SamplingConfig.cache_len={self.cache_len}: allowed prompt length <= {self.cache_len - self.max_new_tokens}")
+    return self.cache_len
