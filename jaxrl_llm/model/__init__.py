@@ -1,1 +1,16 @@
-"""model."""
+"""The decoder (Llama 3 / Qwen2 / Qwen3 families): config, params, forward
+pass with KV cache. Sharding, Hugging Face interop, tokenizers and multi-host
+initialisation live in sibling modules (sharding, hf_io, tokenizer,
+distributed) and are imported from there.
+"""
+
+from jaxrl_llm.model.cache import KVCache, init_cache
+from jaxrl_llm.model.config import PRESETS, ModelConfig, RopeScaling
+from jaxrl_llm.model.params import check_params, init_params, param_axes, param_shapes
+from jaxrl_llm.model.transformer import embed, forward, forward_embeddings, lm_head, logits
+
+__all__ = [
+    "KVCache", "ModelConfig", "PRESETS", "RopeScaling", "check_params", "embed", "forward",
+    "forward_embeddings", "init_cache", "init_params", "lm_head", "logits", "param_axes",
+    "param_shapes",
+]

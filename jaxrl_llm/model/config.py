@@ -1,0 +1,245 @@
+"""Model configuration: one frozen, validated dataclass plus named presets.
+
+The config is hashable (it is a static argument of every jitted function), so
+dtypes are stored as names ("float32", "bfloat16") and RoPE scaling as a small
+frozen dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("none", "full", "save_dots")
+FAMILIES = ("llama", "qwen2", "qwen3")
+ROPE_KINDS = ("linear", "llama3")
+
+
+def _require_positive_int(owner: str, name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
+
+
+def _require_positive_float(owner: str, name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise TypeError(f"{owner}.{name} must be a number, got {value!r}")
+  if not math.isfinite(value) or value <= 0:
+    raise ValueError(f"{owner}.{name} must be finite and > 0, got {value!r}")
+
+
+def _require_choice(owner: str, name: str, value, allowed) -> None:
+  if value not in allowed:
+    raise ValueError(f"{owner}.{name} must be one of {allowed}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """RoPE frequency scaling, as in Hugging Face's `rope_parameters`.
+
+  kind="linear": every inverse frequency is divided by `factor` (position
+  interpolation). kind="llama3": Llama 3.1's band-wise rule: wavelengths
+  longer than original_max_position / low_freq_factor are divided by `factor`,
+  shorter than original_max_position / high_freq_factor are kept, and the band
+  in between is interpolated smoothly.
+  """
+
+  kind: str
+  factor: float
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position: int = 8192
+
+  def __post_init__(self):
+    _require_choice("RopeScaling", "kind", self.kind, ROPE_KINDS)
+    _require_positive_float("RopeScaling", "factor", self.factor)
+    _require_positive_float("RopeScaling", "low_freq_factor", self.low_freq_factor)
+    _require_positive_float("RopeScaling", "high_freq_factor", self.high_freq_factor)
+    _require_positive_int("RopeScaling", "original_max_position", self.original_max_position)
+    if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+      raise ValueError(
+          "RopeScaling.high_freq_factor must be > low_freq_factor for kind='llama3', got "
+          f"high={self.high_freq_factor!r}, low={self.low_freq_factor!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and numerics of a decoder-only transformer (Llama 3 / Qwen2 / Qwen3).
+
+  Fields:
+    vocab_size: V, rows of the embedding table.
+    d_model: D, residual width.
+    n_layers: L.
+    n_heads: N, query heads. n_kv_heads: K, key/value heads (N % K == 0; GQA).
+    head_dim: H (not necessarily D / N: Qwen3 uses 128 everywhere).
+    d_ff: F, SwiGLU hidden width.
+    rope_theta: RoPE base. rope_scaling: None or a RopeScaling.
+    qkv_bias: biases on q/k/v projections (Qwen2). qk_norm: RMSNorm over H on
+      q and k before RoPE (Qwen3).
+    tie_embeddings: the output head is the embedding table transposed.
+    norm_eps: RMSNorm epsilon.
+    param_dtype: storage dtype of the params. compute_dtype: dtype the matmuls
+      run in (norms, RoPE tables and the attention softmax stay in float32).
+    remat: "none", "full" (recompute each layer in the backward pass) or
+      "save_dots" (keep matmul outputs without batch dims, recompute the rest).
+    max_position: longest position the model is meant for (exported to HF as
+      max_position_embeddings; positions are not clamped to it).
+    family: which Hugging Face architecture the weights export to.
+    init_std: standard deviation of the normal init of the matrices.
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  d_ff: int
+  rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  tie_embeddings: bool = False
+  norm_eps: float = 1e-6
+  param_dtype: str = "float32"
+  compute_dtype: str = "float32"
+  remat: str = "none"
+  max_position: int = 4096
+  family: str = "llama"
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                 "head_dim", "d_ff", "max_position"):
+      _require_positive_int("ModelConfig", name, getattr(self, name))
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+          f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+          f"({self.n_kv_heads}) for grouped-query attention")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    _require_positive_float("ModelConfig", "rope_theta", self.rope_theta)
+    _require_positive_float("ModelConfig", "norm_eps", self.norm_eps)
+    _require_positive_float("ModelConfig", "init_std", self.init_std)
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+      raise TypeError(
+          f"ModelConfig.rope_scaling must be None or a RopeScaling, got {self.rope_scaling!r}")
+    for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
+    _require_choice("ModelConfig", "param_dtype", self.param_dtype, DTYPES)
+    _require_choice("ModelConfig", "compute_dtype", self.compute_dtype, DTYPES)
+    _require_choice("ModelConfig", "remat", self.remat, REMAT_POLICIES)
+    _require_choice("ModelConfig", "family", self.family, FAMILIES)
+
+  # -- derived ---------------------------------------------------------------
+
+  @property
+  def param_jnp_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  @property
+  def compute_jnp_dtype(self):
+    return jnp.dtype(self.compute_dtype)
+
+  @property
+  def group_size(self) -> int:
+    """G: query heads per key/value head."""
+    return self.n_heads // self.n_kv_heads
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  def num_params(self) -> int:
+    """Exact parameter count (embedding counted once when tied)."""
+    d, n, k, h, f = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.d_ff
+    per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f + 2 * d
+    if self.qkv_bias:
+      per_layer += n * h + 2 * k * h
+    if self.qk_norm:
+      per_layer += 2 * h
+    total = self.n_layers * per_layer + self.vocab_size * d + d
+    if not self.tie_embeddings:
+      total += d * self.vocab_size
+    return total
+
+  # -- presets ---------------------------------------------------------------
+
+  @classmethod
+  def tiny(cls, vocab_size: int, **overrides) -> "ModelConfig":
+    """~0.8M params (plus V x 128 embedding): tests and the built-in task."""
+    base = dict(vocab_size=vocab_size, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
+                head_dim=32, d_ff=384, tie_embeddings=True, max_position=2048)
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen2_10m(cls, vocab_size: int = 8192, **overrides) -> "ModelConfig":
+    """A ~10M-param Qwen2-style model (q/k/v bias, tied): the sampler benchmark."""
+    base = dict(vocab_size=vocab_size, d_model=256, n_layers=10, n_heads=8, n_kv_heads=2,
+                head_dim=32, d_ff=768, rope_theta=1e6, qkv_bias=True, tie_embeddings=True,
+                max_position=4096, family="qwen2")
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen2_5_0_5b(cls, **overrides) -> "ModelConfig":
+    base = dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+                head_dim=64, d_ff=4864, rope_theta=1e6, qkv_bias=True, tie_embeddings=True,
+                norm_eps=1e-6, max_position=32768, family="qwen2")
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen2_5_1_5b(cls, **overrides) -> "ModelConfig":
+    base = dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+                head_dim=128, d_ff=8960, rope_theta=1e6, qkv_bias=True, tie_embeddings=True,
+                norm_eps=1e-6, max_position=32768, family="qwen2")
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen2_5_7b(cls, **overrides) -> "ModelConfig":
+    base = dict(vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+                head_dim=128, d_ff=18944, rope_theta=1e6, qkv_bias=True, tie_embeddings=False,
+                norm_eps=1e-6, max_position=32768, family="qwen2")
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen3_0_6b(cls, **overrides) -> "ModelConfig":
+    base = dict(vocab_size=151936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+                head_dim=128, d_ff=3072, rope_theta=1e6, qk_norm=True, tie_embeddings=True,
+                norm_eps=1e-6, max_position=40960, family="qwen3")
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen3_8b(cls, **overrides) -> "ModelConfig":
+    base = dict(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8,
+                head_dim=128, d_ff=12288, rope_theta=1e6, qk_norm=True, tie_embeddings=False,
+                norm_eps=1e-6, max_position=40960, family="qwen3")
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def llama3_2_1b(cls, **overrides) -> "ModelConfig":
+    base = dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                head_dim=64, d_ff=8192, rope_theta=500000.0,
+                rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
+                tie_embeddings=True, norm_eps=1e-5, max_position=131072, family="llama")
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def llama3_1_8b(cls, **overrides) -> "ModelConfig":
+    base = dict(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                head_dim=128, d_ff=14336, rope_theta=500000.0,
+                rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
+                tie_embeddings=False, norm_eps=1e-5, max_position=131072, family="llama")
+    return cls(**{**base, **overrides})
+
+
+PRESETS = {
+    "qwen2_5_0_5b": ModelConfig.qwen2_5_0_5b,
+    "qwen2_5_1_5b": ModelConfig.qwen2_5_1_5b,
+    "qwen2_5_7b": ModelConfig.qwen2_5_7b,
+    "qwen3_0_6b": ModelConfig.qwen3_0_6b,
+    "qwen3_8b": ModelConfig.qwen3_8b,
+    "llama3_2_1b": ModelConfig.llama3_2_1b,
+    "llama3_1_8b": ModelConfig.llama3_1_8b,
+}

@@ -1,0 +1,103 @@
+"""Decoder building blocks: RMSNorm, RoPE (with linear / Llama 3 scaling),
+grouped-query attention over a slot axis, SwiGLU.
+
+Numerics follow the Hugging Face reference implementations: RMSNorm
+normalises in float32 and casts back before the scale; RoPE tables are
+float32 (rotate-half layout); attention scores and softmax are float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.model.config import ModelConfig, RopeScaling
+
+
+def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+  """y = scale * x / sqrt(mean(x^2) + eps), the mean over the last axis.
+
+  Works for any leading shape (also the per-head q/k norm over H).
+  """
+  x32 = x_BTD.astype(jnp.float32)
+  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  normed = (x32 * jax.lax.rsqrt(var + eps)).astype(x_BTD.dtype)
+  scale = scale_D.astype(x_BTD.dtype).reshape((1,) * (x_BTD.ndim - 1) + scale_D.shape)
+  return scale * normed
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+  """Inverse frequencies theta^(-2i/H), i < H/2, float32, with optional scaling.
+
+  Computed with numpy at trace time (static), op by op in float32 like the
+  reference implementation.
+  """
+  exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+  inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+  if scaling is None:
+    return inv_freq
+  factor = np.float32(scaling.factor)
+  if scaling.kind == "linear":
+    return (inv_freq / factor).astype(np.float32)
+  # Llama 3.1: keep high frequencies, divide low ones by `factor`, and blend
+  # linearly in wavelength-space between the two cut-offs.
+  old_len = np.float32(scaling.original_max_position)
+  low, high = np.float32(scaling.low_freq_factor), np.float32(scaling.high_freq_factor)
+  low_freq_wavelen = old_len / low
+  high_freq_wavelen = old_len / high
+  wavelen = np.float32(2 * math.pi) / inv_freq
+  scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+  smooth = (old_len / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+  return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(positions_BT: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+  """cos_BTH, sin_BTH (float32) for the rotate-half layout."""
+  inv_freq = jnp.asarray(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+  angles_BTh = positions_BT.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]
+  angles_BTH = jnp.concatenate([angles_BTh, angles_BTh], axis=-1)
+  return jnp.cos(angles_BTH), jnp.sin(angles_BTH)
+
+
+def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax.Array:
+  """x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]."""
+  half = x_BTNH.shape[-1] // 2
+  x1, x2 = x_BTNH[..., :half], x_BTNH[..., half:]
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  cos = cos_BTH.astype(x_BTNH.dtype)[:, :, None, :]
+  sin = sin_BTH.astype(x_BTNH.dtype)[:, :, None, :]
+  return x_BTNH * cos + rotated * sin
+
+
+def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
+              allowed_BTS: jax.Array) -> jax.Array:
+  """Softmax(q k^T / sqrt(H)) v over the allowed (query, slot) pairs; GQA.
+
+  A query row with no allowed slot (a padding query) returns zeros, not NaN,
+  and passes no gradient anywhere.
+  """
+  B, T, N, H = q_BTNH.shape
+  K = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                            preferred_element_type=jnp.float32) * (H ** -0.5)
+  allowed_B11TS = allowed_BTS[:, None, None, :, :]
+  scores_BKGTS = jnp.where(allowed_B11TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1)
+  # Fully masked rows softmax to uniform; zero them so padding reads nothing.
+  probs_BKGTS = jnp.where(allowed_B11TS, probs_BKGTS, 0.0).astype(v_BSKH.dtype)
+  out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
+  return out_BTKGH.reshape(B, T, N, H)
+
+
+def swiglu(x_BTD: jax.Array, w_gate_DF: jax.Array, w_up_DF: jax.Array,
+           w_down_FD: jax.Array) -> jax.Array:
+  """down(silu(x W_gate) * (x W_up))."""
+  gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, w_gate_DF)
+  up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, w_up_DF)
+  return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BTF) * up_BTF, w_down_FD)

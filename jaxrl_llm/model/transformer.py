@@ -1,0 +1,146 @@
+"""The decoder forward pass as pure functions of a params pytree.
+
+Design: plain functions over a nested dict of arrays rather than Flax NNX
+modules. The train step must be a pure function of params anyway; with a
+plain dict the sharding annotations are one parallel tree of logical axes
+(params.py), Hugging Face names map to our tensors by a flat table
+(hf_io.py), and checkpoints, optimizers and `jax.grad` see exactly the
+arrays, with no module state to split and merge. Layers are stacked and run
+with `lax.scan`, optionally under `jax.checkpoint` (cfg.remat).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.model import layers as nn
+from jaxrl_llm.model.cache import KVCache
+from jaxrl_llm.model.config import ModelConfig
+
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def embed(params: dict, cfg: ModelConfig, tokens_BT: jax.Array) -> jax.Array:
+  """Token embeddings in the compute dtype."""
+  return jnp.take(params["embed_VD"], tokens_BT, axis=0).astype(cfg.compute_jnp_dtype)
+
+
+def lm_head(params: dict, cfg: ModelConfig) -> jax.Array:
+  """w_DV, the output projection (the embedding transposed when tied)."""
+  if cfg.tie_embeddings:
+    return params["embed_VD"].T
+  return params["lm_head_DV"]
+
+
+def logits(params: dict, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
+  """Full logits_BTV in float32 (tests and small vocabularies; the trainer's
+  kernels fuse this product with the log-softmax instead)."""
+  w_DV = lm_head(params, cfg).astype(hidden_BTD.dtype)
+  return jnp.einsum("BTD,DV->BTV", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
+
+
+def _layer(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH, k_cache_BSKH, v_cache_BSKH,
+           index, allowed_BTS):
+  """One pre-norm block. Returns (x_BTD, k_BSKH, v_BSKH) with the new keys and
+  values written into slots [index, index + T)."""
+  dt = cfg.compute_jnp_dtype
+  p = jax.tree.map(lambda a: a.astype(dt), p)
+  h_BTD = nn.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps)
+  q_BTNH = jnp.einsum("BTD,DNH->BTNH", h_BTD, p["wq_DNH"])
+  k_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, p["wk_DKH"])
+  v_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, p["wv_DKH"])
+  if cfg.qkv_bias:
+    q_BTNH = q_BTNH + p["bq_NH"][None, None]
+    k_BTKH = k_BTKH + p["bk_KH"][None, None]
+    v_BTKH = v_BTKH + p["bv_KH"][None, None]
+  if cfg.qk_norm:
+    q_BTNH = nn.rms_norm(q_BTNH, p["q_norm_H"], cfg.norm_eps)
+    k_BTKH = nn.rms_norm(k_BTKH, p["k_norm_H"], cfg.norm_eps)
+  q_BTNH = nn.apply_rope(q_BTNH, cos_BTH, sin_BTH)
+  k_BTKH = nn.apply_rope(k_BTKH, cos_BTH, sin_BTH)
+  if k_cache_BSKH is None:
+    k_BSKH, v_BSKH = k_BTKH, v_BTKH
+  else:
+    start = (0, index, 0, 0)
+    k_BSKH = jax.lax.dynamic_update_slice(k_cache_BSKH, k_BTKH.astype(k_cache_BSKH.dtype), start)
+    v_BSKH = jax.lax.dynamic_update_slice(v_cache_BSKH, v_BTKH.astype(v_cache_BSKH.dtype), start)
+  attn_BTNH = nn.attention(q_BTNH, k_BSKH.astype(dt), v_BSKH.astype(dt), allowed_BTS)
+  x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, p["wo_NHD"])
+  h_BTD = nn.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps)
+  x_BTD = x_BTD + nn.swiglu(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"])
+  return x_BTD, k_BSKH, v_BSKH
+
+
+def _strip_layer_axis(layer_params: dict) -> dict:
+  """Rename 'wq_LDNH' -> 'wq_DNH' for the per-layer slice inside the scan."""
+  return {name.replace("_L", "_", 1): value for name, value in layer_params.items()}
+
+
+def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
+                       positions_BT: jax.Array, mask_BT: jax.Array,
+                       cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+  """The decoder stack from input embeddings (see `forward`)."""
+  B, T, _ = x_BTD.shape
+  if positions_BT.shape != (B, T) or mask_BT.shape != (B, T):
+    raise ValueError(
+        f"forward: positions_BT {positions_BT.shape} and mask_BT {mask_BT.shape} must both "
+        f"have the tokens' shape {(B, T)}")
+  mask_BT = mask_BT.astype(jnp.bool_)
+  cos_BTH, sin_BTH = nn.rope_tables(positions_BT, cfg)
+  slots_T = jnp.arange(T, dtype=jnp.int32)
+  if cache is None:
+    index = jnp.zeros((), jnp.int32)
+    kv_mask_BS = mask_BT
+    slots_S = slots_T
+  else:
+    S = cache.length
+    if cache.k_LBSKH.shape[:2] != (cfg.n_layers, B):
+      raise ValueError(
+          f"forward: cache k_LBSKH has shape {cache.k_LBSKH.shape}, expected leading "
+          f"(n_layers, batch) = {(cfg.n_layers, B)}")
+    if T > S:
+      raise ValueError(f"forward: {T} tokens do not fit in a cache of {S} slots")
+    index = cache.index
+    kv_mask_BS = jax.lax.dynamic_update_slice(cache.mask_BS, mask_BT, (0, index))
+    slots_S = jnp.arange(S, dtype=jnp.int32)
+  q_slots_T = index + slots_T
+  allowed_BTS = (kv_mask_BS[:, None, :]
+                 & (slots_S[None, None, :] <= q_slots_T[None, :, None]))
+
+  def body(x_BTD, xs):
+    p, k_cache, v_cache = xs
+    x_BTD, k_BSKH, v_BSKH = _layer(cfg, x_BTD, _strip_layer_axis(p), cos_BTH, sin_BTH,
+                                   k_cache, v_cache, index, allowed_BTS)
+    return x_BTD, (k_BSKH, v_BSKH) if cache is not None else None
+
+  if cfg.remat != "none":
+    body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+  if cache is None:
+    xs = (params["layers"], None, None)
+  else:
+    xs = (params["layers"], cache.k_LBSKH, cache.v_LBSKH)
+  x_BTD, kv = jax.lax.scan(body, x_BTD, xs)
+  hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps)
+  if cache is None:
+    return hidden_BTD, None
+  new_cache = KVCache(k_LBSKH=kv[0], v_LBSKH=kv[1], mask_BS=kv_mask_BS, index=index + T)
+  return hidden_BTD, new_cache
+
+
+def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, positions_BT: jax.Array,
+            mask_BT: jax.Array, cache: KVCache | None = None
+            ) -> tuple[jax.Array, KVCache | None]:
+  """Final-norm hidden states hidden_BTD (compute dtype), and the updated cache.
+
+  Without a cache, token t attends to valid tokens t' <= t of the same row.
+  With a cache, the T tokens go to slots [cache.index, cache.index + T) and
+  attend to valid slots <= their own (prefill and decode are the same call).
+  The caller sizes the cache: index + T must not exceed its length (checked
+  statically only for T; a traced index cannot be checked).
+  """
+  return forward_embeddings(params, cfg, embed(params, cfg, tokens_BT), positions_BT,
+                            mask_BT, cache)
