@@ -1,0 +1,165 @@
+"""The run report: one PNG of the training curves, drawn from metrics.jsonl.
+
+    python -m jaxrl_llm.report --workdir=runs/gspo-...            # -> <workdir>/report.png
+    python -m jaxrl_llm.report --workdir=runs/a --workdir=runs/b  # overlay -> compare.png
+
+Panels: reward, eval accuracy, KL to the reference, entropy, clip and mask
+fractions, response length, each against the RL step. A panel plots every
+metric whose name matches its patterns, so new diagnostics show up without a
+change here; a panel with no matching metric says so instead of vanishing.
+"""
+
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxrl_llm.checkpointing.metrics_log import METRICS_FILE, read_metrics
+
+REPORT_FILE = "report.png"
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+  title: str
+  patterns: tuple[str, ...]  # regexes matched (re.search) against metric names
+  ylabel: str = ""
+  max_series: int = 4
+
+
+PANELS = (
+    Panel("Reward (train samples)", (r"^reward(/|_)?mean$", r"^reward$", r"^rollout/reward_mean$"),
+          "mean reward"),
+    Panel("Eval accuracy (held-out, greedy)", (r"^eval/(accuracy|pass@1)", r"^eval_accuracy$"),
+          "accuracy"),
+    Panel("KL to reference", (r"(^|/)kl(_to_ref|/mean|_mean)?$", r"^kl/"), "KL"),
+    Panel("Entropy", (r"(^|/)entropy(/mean|_mean)?$",), "nats / token"),
+    Panel("Clip and mask fractions", (r"clip_frac", r"mask_frac", r"clipfrac",
+                                      r"masked_frac"), "fraction", max_series=6),
+    Panel("Response length", (r"(^|/)(response_len|response_length|length)(/mean|_mean)?$",),
+          "tokens"),
+)
+
+
+def matching_keys(rows: Sequence[dict], panel: Panel) -> list[str]:
+  """Numeric metric names matched by the panel, in first-pattern-first order."""
+  numeric = []
+  for r in rows:
+    for k, v in r.items():
+      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) \
+          and k not in numeric:
+        numeric.append(k)
+  out = []
+  for pat in panel.patterns:
+    out += [k for k in numeric if re.search(pat, k) and k not in out]
+  return out[:panel.max_series]
+
+
+def series(rows: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """(steps, values) of the rows holding a finite `key`."""
+  pts = [(r["step"], float(r[key])) for r in rows
+         if "step" in r and isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+  if not pts:
+    return np.zeros(0), np.zeros(0)
+  s, v = zip(*pts)
+  return np.asarray(s), np.asarray(v)
+
+
+def smooth(v: np.ndarray, window: int) -> np.ndarray:
+  """Trailing moving average (the first points average what exists so far)."""
+  if window <= 1 or v.size == 0:
+    return v
+  c = np.cumsum(np.insert(v, 0, 0.0))
+  idx = np.arange(1, v.size + 1)
+  lo = np.maximum(idx - window, 0)
+  return (c[idx] - c[lo]) / (idx - lo)
+
+
+def draw(runs: Sequence[tuple[str, list[dict]]], out_path: str) -> str:
+  """Draws the panels for one or several (label, rows) runs into out_path."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  fig, axes = plt.subplots(2, 3, figsize=(16, 8.5), constrained_layout=True)
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  styles = ("-", "--", ":", "-.")
+  overlay = len(runs) > 1
+  for ax, panel in zip(axes.flat, PANELS):
+    drawn = 0
+    for ri, (label, rows) in enumerate(runs):
+      for ki, key in enumerate(matching_keys(rows, panel)):
+        s, v = series(rows, key)
+        if s.size == 0:
+          continue
+        color = colors[(ri if overlay else ki) % len(colors)]
+        name = f"{label}: {key}" if overlay else key
+        sparse = s.size <= 20  # eval points: markers, no smoothing
+        if sparse:
+          ax.plot(s, v, marker="o", ls=styles[ki % 4] if overlay else "-",
+                  color=color, label=name)
+        else:
+          window = max(1, s.size // 20)
+          ax.plot(s, v, color=color, alpha=0.25, lw=0.8)
+          ax.plot(s, smooth(v, window), color=color, lw=1.8,
+                  ls=styles[ki % 4] if overlay else "-",
+                  label=name + (f" (avg {window})" if window > 1 else ""))
+        drawn += 1
+    ax.set_title(panel.title, fontsize=12)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(panel.ylabel)
+    ax.grid(alpha=0.3)
+    if drawn:
+      ax.legend(fontsize=8, loc="best")
+    else:
+      ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center",
+              transform=ax.transAxes, color="gray")
+  title = " vs ".join(label for label, _ in runs)
+  fig.suptitle(f"jaxrl_llm: {title}", fontsize=14)
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  fig.savefig(out_path, dpi=90)
+  plt.close(fig)
+  return out_path
+
+
+def load_run(workdir: str) -> tuple[str, list[dict]]:
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"no {METRICS_FILE} in {workdir}: expected the workdir of a training run")
+  rows = read_metrics(path)
+  if not rows:
+    raise ValueError(f"{path} holds no metrics rows yet")
+  return os.path.basename(os.path.normpath(workdir)), rows
+
+
+def write_report(workdirs: Sequence[str], out_path: str | None = None) -> str:
+  """Draws the report of one workdir (or the overlay of several); returns its path."""
+  if not workdirs:
+    raise ValueError("write_report: expected at least one workdir")
+  runs = [load_run(w) for w in workdirs]
+  if out_path is None:
+    if len(workdirs) == 1:
+      out_path = os.path.join(workdirs[0], REPORT_FILE)
+    else:
+      parent = os.path.commonpath([os.path.abspath(w) for w in workdirs])
+      out_path = os.path.join(parent, "compare.png")
+  return draw(runs, out_path)
+
+
+def main(argv):
+  del argv
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  out = write_report(flags.FLAGS.workdir, flags.FLAGS.out or None)
+  print(f"report written to {out}")
+
+
+if __name__ == "__main__":
+  from absl import app, flags  # pylint: disable=import-outside-toplevel
+  flags.DEFINE_multi_string("workdir", None, "run workdir(s); several are overlaid")
+  flags.DEFINE_string("out", "", "output PNG; default <workdir>/report.png, or "
+                      "compare.png in the common parent of several workdirs")
+  flags.mark_flag_as_required("workdir")
+  app.run(main)
