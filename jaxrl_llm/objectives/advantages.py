@@ -1,0 +1,165 @@
+"""Advantage estimators (spec 000 eqs. 18, 21, 22; spec 002 sec. 2.2, 4.3; spec 003).
+
+Outcome estimators take one reward per answer, `rewards_B`, with the G
+answers of a prompt in consecutive rows (B = n_prompts * G), and return adv_B:
+
+    raw                    A_i = R_i                               (REINFORCE)
+    grpo                   A_i = (R_i - mean_g) / (std_g + eps)    (ddof explicit)
+    dr_grpo                A_i = R_i - mean_g                      (no std)
+    rloo                   A_i = R_i - (1/(G-1)) sum_{j != i} R_j  (leave-one-out)
+    reinforce_pp           A_i = (R_i - mean_B) / (std_B + eps)    (global whitening)
+    reinforce_pp_baseline  A_i = whiten_B(R_i - mean_g)            (group baseline, then global)
+
+A group of size 1 or with all rewards equal gets A = 0, never NaN. For the
+global whitening, optional `weights_B` (e.g. answer lengths) make the batch
+mean/std token-weighted, as OpenRLHF/verl whiten over tokens when gamma = 1.
+
+GAE (PPO with a value function) works per token: `gae`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm.objectives.config import ObjectiveConfig
+
+
+def _groups(rewards_B, group_size: int):
+  if rewards_B.ndim != 1:
+    raise ValueError(f"rewards_B must have shape [B], got shape {rewards_B.shape}")
+  if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    raise ValueError(f"group_size={group_size!r} is invalid: must be a positive integer")
+  if rewards_B.shape[0] % group_size != 0:
+    raise ValueError(f"group_size={group_size} does not divide the batch size {rewards_B.shape[0]}: "
+                     f"allowed group sizes divide {rewards_B.shape[0]}")
+  return rewards_B.astype(jnp.float32).reshape(-1, group_size)
+
+
+def _std(centred, n, ddof: int):
+  """sqrt(sum x^2 / (n - ddof)); 0 when n - ddof <= 0 (singleton groups)."""
+  dof = n - ddof
+  var = jnp.sum(jnp.square(centred), axis=-1, keepdims=True) / jnp.maximum(dof, 1)
+  return jnp.where(dof > 0, jnp.sqrt(var), 0.0)
+
+
+def group_mean_baseline(rewards_B, group_size: int):
+  """Dr. GRPO: R_i - mean(R_group) (spec 000 eq. 22)."""
+  r_PG = _groups(rewards_B, group_size)
+  return (r_PG - jnp.mean(r_PG, axis=1, keepdims=True)).reshape(-1)
+
+
+def grpo_advantages(rewards_B, group_size: int, *, ddof: int = 1, eps: float = 1e-6):
+  """GRPO: (R_i - mean_g) / (std_g + eps) (spec 000 eq. 18).
+
+  Zero-variance and singleton groups give exactly 0 (numerator is 0).
+  """
+  if ddof not in (0, 1):
+    raise ValueError(f"ddof={ddof!r} is invalid: allowed values are 0 and 1")
+  r_PG = _groups(rewards_B, group_size)
+  centred = r_PG - jnp.mean(r_PG, axis=1, keepdims=True)
+  return (centred / (_std(centred, group_size, ddof) + eps)).reshape(-1)
+
+
+def rloo_advantages(rewards_B, group_size: int):
+  """RLOO: R_i - mean of the other G-1 rewards (spec 000 eq. 21); 0 when G = 1."""
+  r_PG = _groups(rewards_B, group_size)
+  if group_size == 1:
+    return jnp.zeros(rewards_B.shape, jnp.float32)
+  others = (jnp.sum(r_PG, axis=1, keepdims=True) - r_PG) / (group_size - 1)
+  return (r_PG - others).reshape(-1)
+
+
+def whiten(x_B, *, ddof: int = 1, eps: float = 1e-6, weights_B=None):
+  """(x - mean) / (std + eps) over the whole batch, optionally weighted."""
+  x = x_B.astype(jnp.float32)
+  if weights_B is None:
+    centred = x - jnp.mean(x)
+    n = x.shape[0]
+    return centred / (_std(centred[None, :], n, ddof)[0, 0] + eps)
+  w = weights_B.astype(jnp.float32)
+  total = jnp.sum(w)
+  mean = jnp.sum(w * x) / jnp.maximum(total, 1e-30)
+  centred = x - mean
+  dof = total - ddof
+  var = jnp.sum(w * jnp.square(centred)) / jnp.maximum(dof, 1e-30)
+  std = jnp.where(dof > 0, jnp.sqrt(var), 0.0)
+  return jnp.where(w > 0, centred / (std + eps), 0.0)
+
+
+def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, weights_B=None):
+  """Outcome advantages adv_B for `cfg.advantage` (GAE is per token: use `gae`)."""
+  kind = cfg.advantage
+  if kind == "gae":
+    raise ValueError("ObjectiveConfig.advantage='gae' is per token: call advantages.gae(token_rewards_BT, "
+                     "values_BT, mask_BT, gamma=..., lam=...) instead of compute_advantages")
+  r_PG = _groups(rewards_B, group_size)  # validates shape and group size
+  if kind == "raw":
+    return r_PG.reshape(-1)
+  if kind == "grpo":
+    return grpo_advantages(rewards_B, group_size, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps)
+  if kind == "dr_grpo":
+    return group_mean_baseline(rewards_B, group_size)
+  if kind == "rloo":
+    return rloo_advantages(rewards_B, group_size)
+  if kind == "reinforce_pp":
+    return whiten(rewards_B, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, weights_B=weights_B)
+  return whiten(group_mean_baseline(rewards_B, group_size), ddof=cfg.adv_std_ddof, eps=cfg.adv_eps,
+                weights_B=weights_B)
+
+
+def outcome_token_rewards(rewards_B, mask_BT):
+  """Place each answer's reward on its last valid token (for GAE): [B, T]."""
+  m = mask_BT.astype(jnp.int32)
+  idx_T = jnp.arange(mask_BT.shape[1])
+  last_B = jnp.max(jnp.where(mask_BT, idx_T[None, :], -1), axis=1)
+  onehot = (idx_T[None, :] == last_B[:, None]) & (m > 0)
+  return jnp.where(onehot, rewards_B.astype(jnp.float32)[:, None], 0.0)
+
+
+@struct.dataclass
+class GAEResult:
+  adv_BT: jax.Array  # [B, T] GAE advantages (0 on padding)
+  returns_BT: jax.Array  # [B, T] adv + V: the value targets
+
+
+def gae(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float) -> GAEResult:
+  """Generalised advantage estimation over the valid tokens (Schulman et al., 2016).
+
+      delta_t = r_t + gamma V_{t'} - V_t,   A_t = delta_t + gamma lam A_{t'},
+
+  where t' is the next VALID token (padding is skipped, V after the last
+  valid token is 0). Values are data: no gradient flows into them.
+  """
+  for name, v in (("gamma", gamma), ("lam", lam)):
+    if not 0 <= v <= 1:
+      raise ValueError(f"{name}={v!r} is invalid: must lie in [0, 1]")
+  if token_rewards_BT.shape != values_BT.shape or values_BT.shape != mask_BT.shape:
+    raise ValueError(f"token_rewards_BT {token_rewards_BT.shape}, values_BT {values_BT.shape} and mask_BT "
+                     f"{mask_BT.shape} must have the same [B, T] shape")
+  r = token_rewards_BT.astype(jnp.float32).T
+  v = jax.lax.stop_gradient(values_BT).astype(jnp.float32).T
+  m = mask_BT.astype(bool).T
+
+  def step(carry, xs):
+    next_v, next_adv = carry
+    r_t, v_t, m_t = xs
+    delta = r_t + gamma * next_v - v_t
+    adv = delta + gamma * lam * next_adv
+    new_carry = (jnp.where(m_t, v_t, next_v), jnp.where(m_t, adv, next_adv))
+    return new_carry, jnp.where(m_t, adv, 0.0)
+
+  zeros = jnp.zeros(r.shape[1], jnp.float32)
+  _, adv_TB = jax.lax.scan(step, (zeros, zeros), (r, v, m), reverse=True)
+  adv_BT = adv_TB.T
+  return GAEResult(adv_BT=adv_BT, returns_BT=jnp.where(mask_BT, adv_BT + values_BT, 0.0))
+
+
+def masked_whiten(x_BT, mask_BT, *, eps: float = 1e-6):
+  """Whiten over valid tokens (mean 0, std 1); padding stays 0."""
+  m = mask_BT.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m), 1.0)
+  mean = jnp.sum(m * x_BT) / n
+  var = jnp.sum(m * jnp.square(x_BT - mean)) / n
+  return jnp.where(mask_BT, (x_BT - mean) / (jnp.sqrt(var) + eps), 0.0)

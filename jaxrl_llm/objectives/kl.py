@@ -1,0 +1,67 @@
+"""KL to a reference policy and the entropy bonus (spec 002 footnote 2, spec 003).
+
+Per-token estimators of KL(pi_theta || pi_ref) from the sampled token, with
+delta = log pi_ref(y) - log pi_theta(y) (Schulman's k1/k2/k3):
+
+    k1 = -delta = log pi_theta - log pi_ref          (unbiased, can be < 0)
+    k2 = delta^2 / 2                                 (biased, low variance)
+    k3 = exp(delta) - delta - 1                      (unbiased, >= 0; GRPO's)
+
+Placement: in the loss (+ beta k per token, aggregated like the policy loss)
+or folded into the reward (R - beta sum_t k1_t, the REINFORCE++ / PPO-RLHF
+way; `fold_kl_into_rewards`). delta is clamped before exp (log_clamp).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.objectives.config import KL_ESTIMATORS
+
+
+def kl_penalty(logp_BT, ref_logp_BT, kind: str, *, log_clamp: float = 20.0):
+  """Per-token k1 / k2 / k3 estimate of KL(pi_theta || pi_ref): shape of logp_BT."""
+  if kind not in KL_ESTIMATORS:
+    raise ValueError(f"kind={kind!r} is invalid: allowed KL estimators are {KL_ESTIMATORS}")
+  if logp_BT.shape != ref_logp_BT.shape:
+    raise ValueError(f"ref_logp_BT shape {ref_logp_BT.shape} must equal logp_BT shape {logp_BT.shape}")
+  delta = jnp.clip(ref_logp_BT - logp_BT, -log_clamp, log_clamp)
+  if kind == "k1":
+    return -delta
+  if kind == "k2":
+    return 0.5 * jnp.square(delta)
+  return jnp.exp(delta) - delta - 1.0
+
+
+def fold_kl_into_rewards(rewards_B, logp_BT, ref_logp_BT, mask_BT, *, coef: float, kind: str = "k1",
+                         log_clamp: float = 20.0):
+  """R_i - coef * sum_t m_{i,t} k(pi, pi_ref)_{i,t}: KL folded into the outcome reward.
+
+  logp_BT are the sampling policy's log-probs (no gradient flows: rewards are data).
+  """
+  if coef < 0:
+    raise ValueError(f"coef={coef!r} is invalid: must be >= 0")
+  k = kl_penalty(jax.lax.stop_gradient(logp_BT), ref_logp_BT, kind, log_clamp=log_clamp)
+  return rewards_B - coef * jnp.sum(jnp.where(mask_BT, k, 0.0), axis=1)
+
+
+def kl_token_rewards(token_rewards_BT, logp_BT, ref_logp_BT, mask_BT, *, coef: float, kind: str = "k1",
+                     log_clamp: float = 20.0):
+  """Per-token rewards r_t - coef * k_t (for GAE): the KL penalty at every token."""
+  if coef < 0:
+    raise ValueError(f"coef={coef!r} is invalid: must be >= 0")
+  k = kl_penalty(jax.lax.stop_gradient(logp_BT), ref_logp_BT, kind, log_clamp=log_clamp)
+  return token_rewards_BT - coef * jnp.where(mask_BT, k, 0.0)
+
+
+def entropy_from_logp(logp_BTV):
+  """H = -sum_v p_v log p_v from normalised log-probs (0 log 0 = 0): [B, T]."""
+  support = logp_BTV > -jnp.inf
+  safe = jnp.where(support, logp_BTV, 0.0)
+  return -jnp.sum(jnp.where(support, jnp.exp(safe) * safe, 0.0), axis=-1)
+
+
+def entropy_from_logits(logits_BTV):
+  """Entropy of softmax(logits) per position: logsumexp(z) - sum_v p_v z_v."""
+  return entropy_from_logp(jax.nn.log_softmax(logits_BTV, axis=-1))

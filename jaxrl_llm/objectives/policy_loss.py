@@ -1,0 +1,250 @@
+"""The master-equation policy loss for any knob setting (spec 002, section 6).
+
+    grad J = E_mu[ sum_{i,t} lambda_{i,t} A_{i,t} (W_{i,t} s_{y_{i,t}} - kappa sum_v mu(v) W_v s_v) ],
+    W = f * T,   s_v = grad log pi_theta(v | h_{i,t}).
+
+Sign convention: we MINIMISE loss = -J.
+
+How the loss is built. W is computed from stop-gradient ratios (`master_weights`)
+and enters a straight-through surrogate per token
+
+    J_{i,t} = A_{i,t} [ sg(W) exp(log pi(y) - sg(log pi(y)))  -  kappa (C_{i,t} - sg(C_{i,t})) ]
+
+where C_{i,t} = sum_v sg(mu_v W_v) log pi_theta(v) is Score Centering's term
+(score_centering.py). Its gradient is exactly the master equation, for every
+method at once, and its VALUE is A W: for an unclipped PPO token that is the
+familiar r A; a masked token contributes 0. (The masked methods' own
+surrogates, e.g. min(rA, clip(r)A), have the same gradient; their value
+differs only on clipped tokens.) The loss is -sum lambda J plus the optional
+KL-to-reference and entropy terms, aggregated by `aggregation.aggregate`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm.objectives import weights as wts
+from jaxrl_llm.objectives.aggregation import BatchNorms, WeightedSum, aggregate, batch_norms, masked_mean
+from jaxrl_llm.objectives.config import ObjectiveConfig
+from jaxrl_llm.objectives.kl import kl_penalty
+from jaxrl_llm.objectives.ratios import TokenRatios, seq_log_geomean, seq_log_product, token_ratios
+
+_DIAG_KEYS = (
+    "trust/clip_low", "trust/clip_high", "trust/dual_clip",
+    "correction/clip_low", "correction/clip_high", "correction/dual_clip", "correction/masked",
+)
+
+
+@struct.dataclass
+class MasterWeights:
+  """W = f T per token and the diagnostics that produced it (no gradient)."""
+
+  weight_BT: jax.Array  # [B, T] W
+  trust_BT: jax.Array  # [B, T] T
+  correction_BT: jax.Array  # [B, T] f
+  ratios: TokenRatios
+  diag: dict  # name -> bool [B, T], keys _DIAG_KEYS
+
+
+@struct.dataclass
+class PolicyLoss:
+  """Loss and diagnostics; every entry combines exactly across micro-batches.
+
+  loss:    WeightedSum (see aggregation.py for the micro-batch contract).
+  metrics: additive WeightedSums (fractions, means).
+  extrema: keys ending in `_min` / `_max`: combine with min / max.
+  counts:  additive sums (tokens, sequences).
+  """
+
+  loss: WeightedSum
+  metrics: dict
+  extrema: dict
+  counts: dict
+
+
+def _seq_broadcast(x_B, shape):
+  return jnp.broadcast_to(x_B[:, None], shape)
+
+
+def sequence_advantage(adv_BT, mask_BT):
+  """Per-answer advantage: the masked mean over the answer's tokens, broadcast."""
+  m = mask_BT.astype(jnp.float32)
+  a_B = jnp.sum(m * adv_BT, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+  return _seq_broadcast(a_B, adv_BT.shape)
+
+
+def master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: ObjectiveConfig,
+                   *, kl_BT=None) -> MasterWeights:
+  """W_{i,t} = f T of spec 002's master table, from stop-gradient inputs."""
+  sg = jax.lax.stop_gradient
+  shape = logp_BT.shape
+  mask = mask_BT.astype(bool)
+  lp, behav, adv = sg(logp_BT), sg(behav_logp_BT), sg(adv_BT)
+  prox = behav if prox_logp_BT is None else sg(prox_logp_BT)
+  ratios = token_ratios(lp, prox, behav, log_clamp=cfg.log_ratio_clamp)
+  false = jnp.zeros(shape, bool)
+  diag = {k: false for k in _DIAG_KEYS}
+
+  # T: trust region on r (token) or s_i (sequence geometric mean).
+  if cfg.trust_level == "token":
+    log_x = ratios.log_r_BT
+  else:
+    log_x = _seq_broadcast(seq_log_geomean(ratios.log_r_BT, mask, log_clamp=cfg.log_ratio_clamp), shape)
+  x = jnp.exp(log_x)
+  if cfg.trust_region == "none":
+    trust = jnp.ones(shape)
+  elif cfg.trust_region == "ppo":
+    pw = wts.ppo_weight(x, adv, eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c)
+    trust = pw.weight
+    diag.update({"trust/clip_low": pw.clip_low, "trust/clip_high": pw.clip_high, "trust/dual_clip": pw.dual_clip})
+  else:
+    lower, upper = cfg.trunc_bounds
+    tw = wts.truncate_weight(x, lower=lower, upper=upper)
+    trust = tw.weight
+    diag.update({"trust/clip_low": tw.below, "trust/clip_high": tw.above})
+
+  # f: correction on c or rho, at token or sequence level.
+  log_y = ratios.log_c_BT if cfg.correction_ratio == "c" else ratios.log_rho_BT
+  if cfg.correction_level == "seq_product":
+    log_y = _seq_broadcast(seq_log_product(log_y, mask, log_clamp=cfg.log_ratio_clamp), shape)
+  elif cfg.correction_level == "seq_geomean":
+    log_y = _seq_broadcast(seq_log_geomean(log_y, mask, log_clamp=cfg.log_ratio_clamp), shape)
+  y = jnp.exp(log_y)
+  kind = cfg.correction
+  if kind == "none":
+    corr = jnp.ones(shape)
+  elif kind == "is":
+    corr = y
+  elif kind == "tis":
+    corr = jnp.minimum(y, cfg.is_cap)
+    diag["correction/clip_high"] = y > cfg.is_cap
+  elif kind in ("mis", "band", "band_indicator"):
+    if kind == "mis":
+      keep = wts.at_most(log_y, cap=cfg.is_cap)
+    else:
+      keep = wts.in_band(log_y, lower=cfg.band_low, upper=cfg.band_high)
+    corr = jnp.where(keep, y if kind != "band_indicator" else 1.0, 0.0)
+    diag["correction/masked"] = ~keep
+  elif kind == "ppo":
+    pw = wts.ppo_weight(y, adv, eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c)
+    corr = pw.weight
+    diag.update({"correction/clip_low": pw.clip_low, "correction/clip_high": pw.clip_high,
+                 "correction/dual_clip": pw.dual_clip})
+  elif kind in ("dppo_tv", "dppo_kl"):
+    div = wts.binary_tv(lp, behav) if kind == "dppo_tv" else wts.binary_kl(behav, lp)
+    keep = wts.dppo_keep(y, adv, div, delta=cfg.dppo_delta)
+    base = y if cfg.dppo_cap is None else jnp.minimum(y, cfg.dppo_cap)
+    corr = jnp.where(keep, base, 0.0)
+    diag["correction/masked"] = ~keep
+  elif kind == "trm":
+    if kl_BT is None:
+      raise ValueError("correction='trm' needs kl_BT: the per-token KL(mu || pi_theta) over the full "
+                       "vocabulary (weights.full_token_kl computes it from full log-probs)")
+    keep_B = wts.trm_keep(sg(kl_BT), mask, max_delta=cfg.trm_max_delta, mean_delta=cfg.trm_mean_delta)
+    keep = _seq_broadcast(keep_B, shape)
+    corr = jnp.where(keep, y, 0.0)
+    diag["correction/masked"] = ~keep
+  else:  # topr
+    corr = wts.topr_weight(y, adv)
+    diag["correction/clip_high"] = (adv < 0) & (y > 1.0)
+  diag = {k: v & mask for k, v in diag.items()}
+  return MasterWeights(weight_BT=corr * trust, trust_BT=trust, correction_BT=corr, ratios=ratios, diag=diag)
+
+
+def _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, centering, kl_BT, ref_logp_BT,
+                  entropy_BT):
+  if not isinstance(cfg, ObjectiveConfig):
+    raise TypeError(f"cfg must be an ObjectiveConfig, got {type(cfg).__name__}")
+  if logp_BT.ndim != 2:
+    raise ValueError(f"logp_BT must have shape [B, T], got shape {logp_BT.shape}")
+  shape = logp_BT.shape
+  named = {"mask_BT": mask_BT, "behav_logp_BT": behav_logp_BT, "prox_logp_BT": prox_logp_BT,
+           "centering": centering, "kl_BT": kl_BT, "ref_logp_BT": ref_logp_BT, "entropy_BT": entropy_BT}
+  for name, arr in named.items():
+    if arr is not None and arr.shape != shape:
+      raise ValueError(f"{name} has shape {arr.shape}; it must equal logp_BT's shape {shape}")
+  if adv_BT.shape not in (shape, shape[:1]):
+    raise ValueError(f"adv_BT has shape {adv_BT.shape}; allowed shapes are {shape} (per token) "
+                     f"and {shape[:1]} (per answer)")
+  needs = (("prox_logp_BT", prox_logp_BT, cfg.needs_prox, "its trust region / correction on c uses pi_prox"),
+           ("centering", centering, cfg.needs_centering, "kappa=1 (score_centering.centering_exact/_topk)"),
+           ("ref_logp_BT", ref_logp_BT, cfg.needs_ref and cfg.kl_placement == "loss", "kl_coef > 0 in the loss"),
+           ("entropy_BT", entropy_BT, cfg.needs_entropy, "entropy_coef > 0"))
+  for name, arr, needed, why in needs:
+    if needed and arr is None:
+      raise ValueError(f"{name} is None but ObjectiveConfig(name={cfg.name!r}) needs it: {why}")
+
+
+def policy_loss(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: ObjectiveConfig, *,
+                norms: BatchNorms | None, centering=None, kl_BT=None, ref_logp_BT=None,
+                entropy_BT=None) -> PolicyLoss:
+  """Master-equation loss (-J) with diagnostics.
+
+  logp_BT: log pi_theta(y_t) with gradient; prox_logp_BT: log pi_prox (may be
+  None when `cfg.needs_prox` is False); behav_logp_BT: log mu; adv_BT: [B, T]
+  or [B] advantages (treated as constants); mask_BT: valid response tokens.
+  norms: `batch_norms` of the full mini-batch (None: this call is the whole
+  batch). centering: Score Centering's C_{i,t} (kappa=1). kl_BT: per-token
+  KL(mu || pi_theta) for TRM. ref_logp_BT: log pi_ref for an in-loss KL.
+  entropy_BT: per-token entropy of pi_theta (with gradient) for the bonus.
+  """
+  _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, centering, kl_BT, ref_logp_BT,
+                entropy_BT)
+  sg = jax.lax.stop_gradient
+  mask = mask_BT.astype(bool)
+  shape = logp_BT.shape
+  adv = sg(jnp.broadcast_to(adv_BT[:, None], shape) if adv_BT.ndim == 1 else adv_BT).astype(jnp.float32)
+  if cfg.adv_level == "sequence":
+    adv = sequence_advantage(adv, mask)
+  adv = jnp.where(mask, adv, 0.0)
+  if norms is None:
+    norms = batch_norms(mask_BT, 1, cfg)
+
+  mw = master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv, mask, cfg, kl_BT=kl_BT)
+  logp = jnp.where(mask, logp_BT, 0.0)  # padding may hold -inf; keep it out of values and grads
+  surrogate = mw.weight_BT * jnp.exp(logp - sg(logp))
+  if cfg.kappa == 1:
+    cent = jnp.where(mask, centering, 0.0)
+    surrogate = surrogate - (cent - sg(cent))
+  pg_BT = -adv * surrogate
+  total_BT = pg_BT
+  parts = {"loss/pg": pg_BT}
+  kl_ref_BT = None
+  if cfg.kl_coef > 0 and cfg.kl_placement == "loss":
+    kl_ref_BT = kl_penalty(logp, jnp.where(mask, ref_logp_BT, 0.0), cfg.kl_estimator,
+                           log_clamp=cfg.log_ratio_clamp)
+    total_BT = total_BT + cfg.kl_coef * kl_ref_BT
+    parts["loss/kl"] = cfg.kl_coef * kl_ref_BT
+  if cfg.entropy_coef > 0:
+    ent = jnp.where(mask, entropy_BT, 0.0)
+    total_BT = total_BT - cfg.entropy_coef * ent
+    parts["loss/entropy"] = -cfg.entropy_coef * ent
+  loss = aggregate(total_BT, mask, cfg.aggregation, norms)
+
+  metrics = {k: aggregate(v, mask, cfg.aggregation, norms) for k, v in parts.items()}
+  for key, flag in mw.diag.items():
+    metrics[key + "_frac"] = masked_mean(flag.astype(jnp.float32), mask)
+  m = mask.astype(jnp.float32)
+  len_B = jnp.sum(m, axis=1)
+  seq_masked = jnp.any(mw.diag["correction/masked"], axis=1) & (len_B > 0)
+  metrics["correction/masked_seq_frac"] = WeightedSum(jnp.sum(seq_masked.astype(jnp.float32)),
+                                                      jnp.sum((len_B > 0).astype(jnp.float32)))
+  r, c, rho = mw.ratios.r, mw.ratios.c, mw.ratios.rho
+  extrema = {}
+  for name, val in (("r", r), ("c", c), ("rho", rho)):
+    metrics[f"ratio/{name}_mean"] = masked_mean(val, mask)
+    extrema[f"ratio/{name}_min"] = jnp.min(jnp.where(mask, val, jnp.inf))
+    extrema[f"ratio/{name}_max"] = jnp.max(jnp.where(mask, val, -jnp.inf))
+  # x log x - x + 1 >= 0 has mean KL(p || q) under q when x = p / q (sampled from q ~ mu).
+  metrics["kl/prox_behav"] = masked_mean(mw.ratios.log_c_BT * c - c + 1.0, mask)
+  metrics["kl/theta_prox"] = masked_mean(mw.ratios.log_r_BT * r - r + 1.0, mask)
+  metrics["weight/abs_mean"] = masked_mean(jnp.abs(mw.weight_BT), mask)
+  metrics["adv/mean"] = masked_mean(adv, mask)
+  if kl_ref_BT is not None:
+    metrics["kl/ref"] = masked_mean(sg(kl_ref_BT), mask)
+  if entropy_BT is not None:
+    metrics["entropy/mean"] = masked_mean(sg(entropy_BT), mask)
+  counts = {"tokens": jnp.sum(m), "seqs": jnp.sum((len_B > 0).astype(jnp.float32))}
+  return PolicyLoss(loss=loss, metrics=metrics, extrema=extrema, counts=counts)

@@ -1,0 +1,31 @@
+"""PPO's clipped value loss (spec 003, PPO with a value function).
+
+    L_V = 1/2 max( (V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2 )
+
+per token, aggregated like the policy loss (a WeightedSum). With clip=None it
+is the plain 1/2 (V - R)^2. R are the GAE returns (advantages.gae).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.objectives.aggregation import BatchNorms, WeightedSum, aggregate
+
+
+def value_loss(values_BT, old_values_BT, returns_BT, mask_BT, *, clip: float | None,
+               aggregation: str = "token_mean", norms: BatchNorms | None = None) -> WeightedSum:
+  """Clipped value regression loss (to minimise)."""
+  if not (values_BT.shape == old_values_BT.shape == returns_BT.shape == mask_BT.shape):
+    raise ValueError(f"values_BT {values_BT.shape}, old_values_BT {old_values_BT.shape}, returns_BT "
+                     f"{returns_BT.shape} and mask_BT {mask_BT.shape} must share one [B, T] shape")
+  if clip is not None and not clip > 0:
+    raise ValueError(f"clip={clip!r} is invalid: must be > 0 or None")
+  sg = jax.lax.stop_gradient
+  ret, old = sg(returns_BT), sg(old_values_BT)
+  err = jnp.square(values_BT - ret)
+  if clip is not None:
+    clipped = old + jnp.clip(values_BT - old, -clip, clip)
+    err = jnp.maximum(err, jnp.square(clipped - ret))
+  return aggregate(jnp.where(mask_BT, 0.5 * err, 0.0), mask_BT, aggregation, norms)
