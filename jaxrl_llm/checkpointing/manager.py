@@ -36,7 +36,7 @@ PyTree = Any
 
 # Model-config fields that change neither the parameters nor the function
 # they compute, so a checkpoint may be restored across them.
-RUNTIME_MODEL_FIELDS = frozenset({"remat", "compute_dtype"})
+RUNTIME_MODEL_FIELDS = frozenset({"remat", "compute_dtype", "init_std", "max_position"})
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -177,6 +177,20 @@ class CheckpointManager:
     target: a pytree like the saved state (arrays or ShapeDtypeStructs with
     shardings; typed PRNG keys where keys were saved).
     """
+    return self._with_fallback(lambda s, skipped: self._restore_one(target, s, skipped), step)
+
+  def restore_subtree(self, key: str, target: PyTree, step: int | None = None
+                      ) -> tuple[int, PyTree]:
+    """(step, state[key]) only, e.g. the params of a run to initialise another.
+
+    Reads only that part of the saved state, into target's shardings.
+    """
+    return self._with_fallback(
+        lambda s, _: (s, self._restore_subtree_one(key, target, s)), step)
+
+  def _with_fallback(self, restore_fn, step):
+    """Runs restore_fn(step, skipped) on `step`, or on the newest step that is
+    intact (manifest matches and Orbax reads it), reporting the steps skipped."""
     if step is not None:
       self._require_step(step)
       problems = manifest_lib.verify_manifest(self.step_dir(step))
@@ -184,7 +198,7 @@ class CheckpointManager:
         raise CorruptCheckpointError(
             f"checkpoint step {step} in {self.directory} is damaged: "
             + "; ".join(problems[:5]))
-      return self._restore_one(target, step, ())
+      return restore_fn(step, ())
     steps = self.all_steps()
     if not steps:
       raise NoCheckpointError(
@@ -195,7 +209,7 @@ class CheckpointManager:
       problems = manifest_lib.verify_manifest(self.step_dir(s))
       if not problems:
         try:
-          return self._restore_one(target, s, tuple(skipped))
+          return restore_fn(s, tuple(skipped))
         except IncompatibleCheckpointError:
           raise
         except Exception as e:  # pylint: disable=broad-except
@@ -245,3 +259,25 @@ class CheckpointManager:
     state = pytree_io.data_to_keys(out["state"], target)
     return Restored(step=step, state=state, data_state=out["data"], meta=meta,
                     skipped=skipped)
+
+  def _restore_subtree_one(self, key: str, target: PyTree, step: int) -> PyTree:
+    meta = self.restore_meta(step)
+    self._check_model_config(meta, step)
+    saved_tree = self._mngr.item_metadata(step)["state"]
+    saved_tree = getattr(saved_tree, "tree", saved_tree)
+    if not isinstance(saved_tree, dict) or key not in saved_tree:
+      found = sorted(saved_tree) if isinstance(saved_tree, dict) else type(saved_tree).__name__
+      raise IncompatibleCheckpointError(
+          f"checkpoint step {step} in {self.directory} has no '{key}' in its "
+          f"state; found {found}")
+    abstract = {key: pytree_io.abstract_target(target)}
+    try:
+      pytree_io.check_compatible({key: saved_tree[key]}, abstract, f"checkpoint step {step}")
+    except ValueError as e:
+      raise IncompatibleCheckpointError(str(e)) from None
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+    out = ocp.PyTreeCheckpointer().restore(
+        os.path.join(self.step_dir(step), "state"),
+        args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
+                                    partial_restore=True))
+    return pytree_io.data_to_keys(out[key], target)
