@@ -1,0 +1,84 @@
+"""The sampler's public entry point: validated inputs in, a Rollout out."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.loop import decode, prefill, to_rollout
+from jaxrl_llm.sampling.rollout import Rollout
+
+
+def sampler_model_config(model_cfg: ModelConfig, cfg: SamplingConfig) -> ModelConfig:
+  """The model config the sampler runs: cfg.dtype, when set, overrides both
+  the param and the compute dtype (e.g. a bf16 sampler for an f32 trainer)."""
+  if cfg.dtype is None:
+    return model_cfg
+  return model_cfg.replace(param_dtype=cfg.dtype, compute_dtype=cfg.dtype)
+
+
+def _check_prompts(prompt_tokens_BP, prompt_mask_BP, vocab_size: int) -> None:
+  for name, x in (("prompt_tokens_BP", prompt_tokens_BP), ("prompt_mask_BP", prompt_mask_BP)):
+    if getattr(x, "ndim", None) != 2:
+      raise ValueError(f"generate: {name} must be a 2-D [batch, prompt_len] array, got shape {getattr(x, 'shape', None)}")
+  if prompt_tokens_BP.shape != prompt_mask_BP.shape:
+    raise ValueError(f"generate: prompt_tokens_BP {prompt_tokens_BP.shape} and prompt_mask_BP "
+                     f"{prompt_mask_BP.shape} must have the same shape")
+  if not jnp.issubdtype(prompt_tokens_BP.dtype, jnp.integer):
+    raise TypeError(f"generate: prompt_tokens_BP must hold integer token ids, got dtype {prompt_tokens_BP.dtype}")
+  if not (prompt_mask_BP.dtype == jnp.bool_ or jnp.issubdtype(prompt_mask_BP.dtype, jnp.integer)):
+    raise TypeError(f"generate: prompt_mask_BP must be bool (or 0/1 integers), got dtype {prompt_mask_BP.dtype}")
+  if 0 in prompt_tokens_BP.shape:
+    raise ValueError(f"generate: empty prompt batch, shape {prompt_tokens_BP.shape}")
+  # Value checks need the data on the host; skip them for arrays spread over
+  # other processes (multi-host), whose callers validated their own shards.
+  if all(getattr(x, "is_fully_addressable", True) for x in (prompt_tokens_BP, prompt_mask_BP)):
+    tokens = np.asarray(prompt_tokens_BP)
+    mask = np.asarray(prompt_mask_BP)
+    if jnp.issubdtype(mask.dtype, jnp.integer) and not np.isin(mask, (0, 1)).all():
+      raise ValueError("generate: prompt_mask_BP must hold only 0 and 1")
+    mask = mask.astype(bool)
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+      raise ValueError(f"generate: prompt rows {empty.tolist()} have no real token (prompt_mask_BP all False)")
+    real = tokens[mask]
+    if real.size and (real.min() < 0 or real.max() >= vocab_size):
+      raise ValueError(f"generate: prompt token ids must be in [0, {vocab_size}), got "
+                       f"[{int(real.min())}, {int(real.max())}]")
+
+
+def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
+             prompt_mask_BP: jax.Array, cfg: SamplingConfig, key: jax.Array) -> Rollout:
+  """Samples cfg.n_samples responses for each prompt.
+
+  Args:
+    params: the sampling model's params (any lag behind the trainer's is the
+      caller's choice); cast to cfg.dtype when that is set. Sharded params
+      stay in their sharding; batch-sharded prompts keep the rows sharded.
+    model_cfg: the model's config.
+    prompt_tokens_BP: [B0, P] token ids, padded on either side (or mixed):
+      only prompt_mask_BP says which entries are real.
+    prompt_mask_BP: [B0, P] bool, True on real prompt tokens; every row needs
+      at least one.
+    cfg: sampling and recording options.
+    key: PRNG key; equal keys give equal rollouts. Row b samples with
+      fold_in(key, b), so a row's draws do not depend on the rest of the batch.
+
+  Returns:
+    A Rollout with B = B0 * n_samples rows (each prompt's samples consecutive)
+    and R = cfg.max_new_tokens columns.
+  """
+  if not isinstance(cfg, SamplingConfig):
+    raise TypeError(f"generate: cfg must be a SamplingConfig, got {type(cfg).__name__}")
+  if not isinstance(model_cfg, ModelConfig):
+    raise TypeError(f"generate: model_cfg must be a ModelConfig, got {type(model_cfg).__name__}")
+  cfg.check_vocab(model_cfg.vocab_size)
+  _check_prompts(prompt_tokens_BP, prompt_mask_BP, model_cfg.vocab_size)
+  cache_len = cfg.cache_slots(prompt_tokens_BP.shape[1])
+  run_cfg = sampler_model_config(model_cfg, cfg)
+  state = prefill(params, prompt_tokens_BP, prompt_mask_BP, key, model_cfg=run_cfg, cfg=cfg,
+                  cache_len=cache_len)
+  return to_rollout(decode(params, state, model_cfg=run_cfg, cfg=cfg), cfg)

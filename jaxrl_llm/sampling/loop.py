@@ -1,0 +1,205 @@
+"""Prefill and decode: the two jitted halves of the sampler.
+
+prefill: one forward over the padded prompts fills the KV cache, the cache is
+repeated n_samples times along the batch (a group's rows share their prompt's
+keys and values, so the prompt is encoded once per group), and token 0 is
+sampled from the last real prompt position.
+
+decode: a `lax.while_loop` that feeds the previous token through the model
+(one cache slot per step, shared by all rows), samples the next, and stops as
+soon as every row has finished or R tokens are out.
+
+Slots vs positions: prompt slots are [0, P) whatever the padding side; padding
+slots are never valid. Response token t sits in slot P + t and has RoPE
+position prompt_len_B + t, so left, right or mixed padding give the same
+tokens as an unpadded prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax import lax
+
+from jaxrl_llm.model import KVCache, forward, init_cache, logits
+from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.processors import gather_logp, process_logits, sample_from_logp
+from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
+
+
+@struct.dataclass
+class DecodeState:
+  """The while-loop carry. B = prompts x n_samples, R = max_new_tokens, K = record_topk."""
+
+  cache: KVCache  # k/v [L, B, S, K_kv, H]; mask_BS; index = next slot
+  step: jax.Array  # [] int32: number of tokens sampled so far
+  row_keys_B: jax.Array  # [B] PRNG keys, one stream per row
+  prompt_len_B: jax.Array  # [B] int32 real prompt tokens (RoPE position of response token 0)
+  last_B: jax.Array  # [B] int32 token sampled at step - 1 (fed at the next forward)
+  active_B: jax.Array  # [B] bool: row has not finished
+  tokens_BR: jax.Array  # [B, R] int32
+  mask_BR: jax.Array  # [B, R] bool
+  behav_logp_BR: jax.Array  # [B, R] f32
+  raw_logp_BR: jax.Array | None  # [B, R] f32 or None
+  topk_ids_BRK: jax.Array | None  # [B, R, K] int32 or None
+  topk_logp_BRK: jax.Array | None  # [B, R, K] f32 or None
+  finish_reason_B: jax.Array  # [B] int32 (FINISH_LENGTH until decided)
+  length_B: jax.Array  # [B] int32
+
+
+def cast_params(params: dict, dtype: str | None) -> dict:
+  """Floating leaves cast to `dtype` (None: unchanged); integer leaves kept."""
+  if dtype is None:
+    return params
+  dt = jnp.dtype(dtype)
+  return jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def _column(buf, col, t):
+  """buf with column t (axis 1) replaced by col."""
+  start = (0, t) + (0,) * (buf.ndim - 2)
+  return lax.dynamic_update_slice(buf, jnp.expand_dims(col, 1).astype(buf.dtype), start)
+
+
+def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> DecodeState:
+  """Samples token `state.step` from logits_BV and writes it into the record."""
+  t = state.step
+  R = state.tokens_BR.shape[1]
+  active_B = state.active_B
+  logp_BV = process_logits(logits_BV, temperature=cfg.temperature, top_k=cfg.top_k,
+                           top_p=cfg.top_p, min_p=cfg.min_p)
+  if cfg.greedy:
+    tok_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  else:
+    step_keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys_B, t)
+    tok_B = sample_from_logp(step_keys_B, logp_BV)
+  tok_B = jnp.where(active_B, tok_B, cfg.pad_id)
+  zero = jnp.zeros((), jnp.float32)
+  updates = dict(
+      tokens_BR=_column(state.tokens_BR, tok_B, t),
+      mask_BR=_column(state.mask_BR, active_B, t),
+      behav_logp_BR=_column(state.behav_logp_BR, jnp.where(active_B, gather_logp(logp_BV, tok_B), zero), t),
+  )
+  if state.raw_logp_BR is not None:
+    raw_B = gather_logp(jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1), tok_B)
+    updates["raw_logp_BR"] = _column(state.raw_logp_BR, jnp.where(active_B, raw_B, zero), t)
+  if state.topk_ids_BRK is not None:
+    # Ids by the raw logits (mu's order on its support; informative under greedy
+    # too), log-probs under mu (-inf where truncated away).
+    _, ids_BK = lax.top_k(logits_BV, cfg.record_topk)
+    lp_BK = jnp.take_along_axis(logp_BV, ids_BK, axis=-1)
+    active_B1 = active_B[:, None]
+    updates["topk_ids_BRK"] = _column(state.topk_ids_BRK, jnp.where(active_B1, ids_BK, cfg.pad_id), t)
+    updates["topk_logp_BRK"] = _column(state.topk_logp_BRK, jnp.where(active_B1, lp_BK, zero), t)
+  is_eos_B = jnp.isin(tok_B, jnp.asarray(cfg.eos_ids, jnp.int32)) if cfg.eos_ids else jnp.zeros_like(active_B)
+  is_stop_B = jnp.isin(tok_B, jnp.asarray(cfg.stop_ids, jnp.int32)) if cfg.stop_ids else jnp.zeros_like(active_B)
+  reason_B = jnp.where(is_eos_B, FINISH_EOS, jnp.where(is_stop_B, FINISH_STOP, FINISH_LENGTH))
+  ends_B = active_B & (is_eos_B | is_stop_B | (t == R - 1))
+  return state.replace(
+      step=t + 1,
+      last_B=tok_B,
+      active_B=active_B & ~ends_B,
+      finish_reason_B=jnp.where(ends_B, reason_B, state.finish_reason_B),
+      length_B=state.length_B + active_B.astype(jnp.int32),
+      **updates,
+  )
+
+
+def prompt_positions(prompt_mask_BP: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(positions_BP, prompt_len_B, last_index_B) for any padding layout.
+
+  A real token's position counts the real tokens before it; padding gets 0
+  (never attended). last_index_B is the slot of the last real token.
+  """
+  mask_BP = prompt_mask_BP.astype(jnp.bool_)
+  counts_BP = jnp.cumsum(mask_BP.astype(jnp.int32), axis=1)
+  positions_BP = jnp.where(mask_BP, counts_BP - 1, 0)
+  P = mask_BP.shape[1]
+  last_index_B = (P - 1 - jnp.argmax(mask_BP[:, ::-1], axis=1)).astype(jnp.int32)
+  return positions_BP, counts_BP[:, -1], last_index_B
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len"))
+def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array, key: jax.Array,
+            *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int) -> DecodeState:
+  """Encodes B0 prompts, repeats them n_samples times, samples token 0."""
+  params = cast_params(params, cfg.dtype)
+  B0, _ = prompt_tokens_BP.shape
+  n = cfg.n_samples
+  B, R = B0 * n, cfg.max_new_tokens
+  positions_BP, prompt_len_B, last_index_B = prompt_positions(prompt_mask_BP)
+  cache = init_cache(model_cfg, B0, cache_len)
+  hidden_BPD, cache = forward(params, model_cfg, prompt_tokens_BP.astype(jnp.int32), positions_BP,
+                              prompt_mask_BP.astype(jnp.bool_), cache)
+  hidden_B1D = jnp.take_along_axis(hidden_BPD, last_index_B[:, None, None], axis=1)
+  logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
+  # Group g's rows are g*n .. g*n + n - 1: repeat each prompt's cache n times.
+  rep = functools.partial(jnp.repeat, repeats=n, axis=0, total_repeat_length=B)
+  cache = cache.replace(k_LBSKH=jnp.repeat(cache.k_LBSKH, n, axis=1, total_repeat_length=B),
+                        v_LBSKH=jnp.repeat(cache.v_LBSKH, n, axis=1, total_repeat_length=B),
+                        mask_BS=rep(cache.mask_BS))
+  K = cfg.record_topk
+  state = DecodeState(
+      cache=cache,
+      step=jnp.zeros((), jnp.int32),
+      row_keys_B=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(B, dtype=jnp.int32)),
+      prompt_len_B=rep(prompt_len_B),
+      last_B=jnp.full((B,), cfg.pad_id, jnp.int32),
+      active_B=jnp.ones((B,), jnp.bool_),
+      tokens_BR=jnp.full((B, R), cfg.pad_id, jnp.int32),
+      mask_BR=jnp.zeros((B, R), jnp.bool_),
+      behav_logp_BR=jnp.zeros((B, R), jnp.float32),
+      raw_logp_BR=jnp.zeros((B, R), jnp.float32) if cfg.record_raw_logp else None,
+      topk_ids_BRK=jnp.full((B, R, K), cfg.pad_id, jnp.int32) if K else None,
+      topk_logp_BRK=jnp.zeros((B, R, K), jnp.float32) if K else None,
+      finish_reason_B=jnp.full((B,), FINISH_LENGTH, jnp.int32),
+      length_B=jnp.zeros((B,), jnp.int32),
+  )
+  return _record(state, rep(logits_BV), cfg)
+
+
+# The state is donated and returned: the loop writes the cache and the record
+# buffers in place, where without donation XLA would first copy the
+# [L, B, S, K, H] cache (the sampler's largest buffer) out of the caller's.
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"), donate_argnames=("state",))
+def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig,
+           cfg: SamplingConfig) -> DecodeState:
+  """Runs the decode loop until every row has finished or R tokens are out."""
+  params = cast_params(params, cfg.dtype)
+  R = cfg.max_new_tokens
+
+  def cond(s: DecodeState):
+    return (s.step < R) & jnp.any(s.active_B)
+
+  def body(s: DecodeState):
+    # The token sampled at step - 1 goes into slot P + step - 1 at position
+    # prompt_len + step - 1; finished rows feed padding that no query attends.
+    positions_B1 = (s.prompt_len_B + s.step - 1)[:, None]
+    hidden_B1D, cache = forward(params, model_cfg, s.last_B[:, None], positions_B1,
+                                s.active_B[:, None], s.cache)
+    logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
+    return _record(s.replace(cache=cache), logits_BV, cfg)
+
+  return lax.while_loop(cond, body, state)
+
+
+def to_rollout(state: DecodeState, cfg: SamplingConfig) -> Rollout:
+  """The record of a finished decode (no computation: a view of the buffers)."""
+  B = state.tokens_BR.shape[0]
+  return Rollout(
+      tokens_BR=state.tokens_BR,
+      mask_BR=state.mask_BR,
+      behav_logp_BR=state.behav_logp_BR,
+      finish_reason_B=state.finish_reason_B,
+      length_B=state.length_B,
+      prompt_index_B=jnp.asarray(np.arange(B, dtype=np.int32) // cfg.n_samples),
+      raw_logp_BR=state.raw_logp_BR,
+      topk_ids_BRK=state.topk_ids_BRK,
+      topk_logp_BRK=state.topk_logp_BRK,
+      sampling=cfg,
+  )
