@@ -1,0 +1,98 @@
+"""Top-k teacher approximations for on-policy distillation (spec 000, eq. 26-30).
+
+An external teacher (an inference server, a sampler that kept only its top-k)
+often returns the log-probs of its K most likely tokens, not the full
+distribution. The student's full distribution is available. Both are projected
+onto a common small support, and any divergence of ``distill.py`` is then
+evaluated there. Two conventions, an explicit parameter because trainers
+disagree:
+
+* ``tail="bucket"``: K + 1 outcomes, the teacher's top-k ids plus one bucket
+  holding the rest of the vocabulary (teacher tail mass 1 - sum_k q_k, student
+  tail mass from its own log-probs). Every divergence on the coarsened pair is
+  a lower bound of the full one (data processing) and equal to it at K = V.
+* ``tail="renormalize"``: K outcomes, both distributions restricted to the
+  top-k ids and renormalised there (verl's ``forward_kl_topk`` family uses the
+  teacher's top-k without a tail term). Equal to the full divergence at K = V.
+
+If the teacher's top-k mass is 1 (a truncated teacher) while the student has
+tail mass, the bucketed reverse KL is +inf: the teacher really assigns zero
+probability there. Use ``renormalize`` or a forward divergence in that case.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+TAILS = ("bucket", "renormalize")
+
+
+def topk_support(student_logp_BTV: jax.Array, topk_ids_BTK: jax.Array,
+                 teacher_topk_logp_BTK: jax.Array, *,
+                 tail: str, tail_tol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+  """Project student and teacher onto the teacher's top-k support.
+
+  Args:
+    student_logp_BTV: the student's normalised log-probs over the vocabulary.
+    topk_ids_BTK: the teacher's top-k token ids, distinct within a position,
+      in [0, V).
+    teacher_topk_logp_BTK: the teacher's normalised log-probs of those ids
+      (from the full-vocabulary softmax, not renormalised over the k).
+    tail: ``"bucket"`` (returns J = K + 1 outcomes, the last is the tail) or
+      ``"renormalize"`` (J = K).
+    tail_tol: with ``"bucket"``, a teacher tail mass 1 - sum_k q_k at or
+      below this is float rounding and counts as 0 (>= 0).
+
+  Returns:
+    (student_logp_BTJ, teacher_logp_BTJ), both normalised over J; the
+    teacher side is detached.
+  """
+  if tail not in TAILS:
+    raise ValueError(f"topk_support: tail={tail!r} is unknown; allowed: {TAILS}")
+  if not tail_tol >= 0.0:
+    raise ValueError(f"topk_support: tail_tol={tail_tol} must be >= 0")
+  if topk_ids_BTK.shape != teacher_topk_logp_BTK.shape:
+    raise ValueError(f"topk_support: topk_ids {topk_ids_BTK.shape} and teacher_topk_logp "
+                     f"{teacher_topk_logp_BTK.shape} must have the same shape [..., K]")
+  if topk_ids_BTK.shape[:-1] != student_logp_BTV.shape[:-1]:
+    raise ValueError(f"topk_support: top-k leading shape {topk_ids_BTK.shape[:-1]} differs from "
+                     f"the student's {student_logp_BTV.shape[:-1]}")
+  vocab = student_logp_BTV.shape[-1]
+  k = topk_ids_BTK.shape[-1]
+  if not 1 <= k <= vocab:
+    raise ValueError(f"topk_support: k={k} must be in [1, V={vocab}]")
+  if not isinstance(topk_ids_BTK, jax.core.Tracer):
+    lo, hi = int(jnp.min(topk_ids_BTK)), int(jnp.max(topk_ids_BTK))
+    if lo < 0 or hi >= vocab:
+      raise ValueError(f"topk_support: topk_ids range [{lo}, {hi}] is outside the student's "
+                       f"vocabulary [0, {vocab}); the teacher must share the student's tokenizer")
+
+  teacher_BTK = jax.lax.stop_gradient(teacher_topk_logp_BTK)
+  student_BTK = jnp.take_along_axis(student_logp_BTV, topk_ids_BTK, axis=-1)
+
+  if tail == "renormalize":
+    return (student_BTK - jax.nn.logsumexp(student_BTK, axis=-1, keepdims=True),
+            teacher_BTK - jax.nn.logsumexp(teacher_BTK, axis=-1, keepdims=True))
+
+  # Student tail: logsumexp over the ids outside the top-k (exact, no 1 - sum
+  # cancellation). An empty tail (K = V) is -inf with a zero gradient.
+  in_topk_BTV = jnp.put_along_axis(jnp.zeros(student_logp_BTV.shape, jnp.bool_), topk_ids_BTK,
+                                   True, axis=-1, inplace=False)
+  empty_BT1 = jnp.all(in_topk_BTV, axis=-1, keepdims=True)
+  outside_BTV = jnp.where(in_topk_BTV | empty_BT1, -jnp.inf, student_logp_BTV)
+  safe_BTV = jnp.where(empty_BT1, 0.0, outside_BTV)
+  student_tail_BT1 = jnp.where(
+      empty_BT1, -jnp.inf, jax.nn.logsumexp(safe_BTV, axis=-1, keepdims=True))
+  # Teacher tail: 1 - sum_k q_k. Summing K rounded probabilities leaves an
+  # error of order K * eps, which would read as (infinitely unlikely) student
+  # mass in a bucket the student has empty: a tail at or below tail_tol is 0.
+  # At K = V the tail is empty by definition.
+  if k == vocab:
+    teacher_tail_BT1 = jnp.full(student_tail_BT1.shape, -jnp.inf, teacher_BTK.dtype)
+  else:
+    tail_BT1 = 1.0 - jnp.sum(jnp.exp(teacher_BTK), axis=-1, keepdims=True)
+    teacher_tail_BT1 = jnp.where(tail_BT1 > tail_tol, jnp.log(jnp.maximum(tail_BT1, tail_tol)),
+                                 -jnp.inf)
+  return (jnp.concatenate([student_BTK, student_tail_BT1], axis=-1),
+          jnp.concatenate([teacher_BTK, teacher_tail_BT1], axis=-1))
