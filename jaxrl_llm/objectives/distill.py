@@ -14,13 +14,15 @@ Entries equal to ``-inf`` (zero probability) are allowed: ``0 * log 0`` terms
 are defined as 0 in value and in gradient.
 
 Per-token functions return ``*_BT`` arrays; the masked reduction into a
-(numerator, denominator) pair is ``token_sum_pair``.
+(numerator, denominator) pair is ``distill_loss`` (any aggregation mode).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from jaxrl_llm.objectives.aggregation import BatchNorms, WeightedSum, aggregate
 
 
 def _check_pair(student_logp, teacher_logp, what: str = "log-probs"):
@@ -153,21 +155,24 @@ def reverse_kl_surrogate(student_logp_BTV: jax.Array, teacher_logp_BTV: jax.Arra
   return -jnp.sum(coef * safe_p, axis=-1)
 
 
-def token_sum_pair(loss_BT: jax.Array, mask_BT: jax.Array,
-                   weight_BT: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """(sum_t m_t w_t loss_t, sum_t m_t): the token-mean pair of eq. 26 / eq. 57.
+def distill_loss(divergence_BT: jax.Array, mask_BT: jax.Array, *, aggregation: str = "token_mean",
+                 norms: BatchNorms | None = None,
+                 weight_BT: jax.Array | None = None) -> WeightedSum:
+  """sum_{i,t} lambda_it m_it w_it D_it as a (numerator, denominator) pair (eq. 26, 41, 57).
 
-  ``weight_BT`` carries trust knobs (z, tau of eq. 41) and is detached. The
-  denominator counts every unmasked token, so a token whose weight is 0 still
-  counts (its teacher branch is off, it is not removed from the batch).
+  ``weight_BT`` carries the trust knobs z * tau of eq. 41 and is detached; a
+  token whose weight is 0 keeps counting in the normaliser (its teacher branch
+  is off, it is not removed from the batch). ``aggregation`` and ``norms`` are
+  those of ``aggregation.aggregate`` (pass the full mini-batch's norms when
+  micro-batching); ``token_mean`` is the spec's sum over tokens divided by
+  the token count.
   """
-  if loss_BT.shape != mask_BT.shape:
-    raise ValueError(f"token_sum_pair: loss {loss_BT.shape} and mask {mask_BT.shape} must match")
-  m_BT = mask_BT.astype(loss_BT.dtype)
+  if divergence_BT.shape != mask_BT.shape:
+    raise ValueError(f"distill_loss: divergence {divergence_BT.shape} and mask {mask_BT.shape} "
+                     "must match")
+  loss_BT = divergence_BT
   if weight_BT is not None:
-    if weight_BT.shape != loss_BT.shape:
-      raise ValueError(f"token_sum_pair: weight {weight_BT.shape} and loss {loss_BT.shape} must match")
-    m_w_BT = m_BT * jax.lax.stop_gradient(weight_BT)
-  else:
-    m_w_BT = m_BT
-  return jnp.sum(jnp.where(m_BT > 0, m_w_BT * loss_BT, 0.0)), jnp.sum(m_BT)
+    if weight_BT.shape != mask_BT.shape:
+      raise ValueError(f"distill_loss: weight {weight_BT.shape} and mask {mask_BT.shape} must match")
+    loss_BT = jax.lax.stop_gradient(weight_BT) * jnp.where(mask_BT, divergence_BT, 0.0)
+  return aggregate(loss_BT, mask_BT, aggregation, norms)

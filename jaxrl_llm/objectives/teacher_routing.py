@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.objectives.aggregation import BatchNorms, WeightedSum, aggregate
+
 
 def _check_binary(name: str, x: jax.Array) -> None:
   if x.ndim != 1:
@@ -43,36 +45,50 @@ def srpo_routes(correct_B: jax.Array, has_teacher_B: jax.Array) -> tuple[jax.Arr
   return 1.0 - z_sdpo_B, z_sdpo_B
 
 
-def srpo_loss_pair(grpo_loss_BT: jax.Array, sdpo_loss_BT: jax.Array, mask_BT: jax.Array,
-                   z_sdpo_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+def srpo_loss(grpo_loss_BT: jax.Array, sdpo_loss_BT: jax.Array, mask_BT: jax.Array,
+              z_sdpo_B: jax.Array, *, aggregation: str = "token_mean",
+              norms: BatchNorms | None = None) -> WeightedSum:
   """The routed mixture of eq. 35 as a (numerator, denominator) pair.
 
-      numerator   = sum_{i,t} m_it [z_grpo_i l_grpo_it + z_sdpo_i l_sdpo_it]
-      denominator = sum_{i,t} m_it [z_grpo_i + z_sdpo_i]
+  With ``aggregation="token_mean"`` (the spec's normalisation):
 
-  with the response mask m_it making sum_{i,t} range over real tokens. The
-  two branches share one token normaliser (not one per branch), as in the
-  spec, so a batch that routes more samples to SDPO does not rescale GRPO's.
+      numerator   = sum_{i,t} m_it [z_grpo_i l_grpo_it + z_sdpo_i l_sdpo_it]
+      denominator = sum_{i,t} m_it [z_grpo_i + z_sdpo_i]  (= the token count)
+
+  with the response mask m_it making sum_{i,t} range over real tokens. The two
+  branches share one normaliser, not one each, so a batch that routes more
+  samples to SDPO does not rescale GRPO's tokens. Other aggregation modes
+  apply their lambda_it to the same routed per-token loss.
   """
   if not grpo_loss_BT.shape == sdpo_loss_BT.shape == mask_BT.shape:
-    raise ValueError(f"srpo_loss_pair: grpo loss {grpo_loss_BT.shape}, sdpo loss "
+    raise ValueError(f"srpo_loss: grpo loss {grpo_loss_BT.shape}, sdpo loss "
                      f"{sdpo_loss_BT.shape} and mask {mask_BT.shape} must match")
+  grpo_mask_BT, sdpo_mask_BT = srpo_branch_masks(mask_BT, z_sdpo_B)
+  routed_BT = (jnp.where(grpo_mask_BT, grpo_loss_BT, 0.0)
+               + jnp.where(sdpo_mask_BT, sdpo_loss_BT, 0.0))
+  return aggregate(routed_BT, mask_BT, aggregation, norms)
+
+
+def srpo_branch_masks(mask_BT: jax.Array, z_sdpo_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Split the response mask by route: (grpo_mask_BT, sdpo_mask_BT), disjoint, union = mask.
+
+  To build eq. 35 from a policy loss that aggregates internally, evaluate the
+  GRPO loss on ``grpo_mask_BT`` and the SDPO loss on ``sdpo_mask_BT`` with the
+  norms of the *full* mask (``aggregation.batch_norms(mask_BT)``) and add the
+  two pairs: the shared normaliser makes the sum equal ``srpo_loss``.
+  """
   if z_sdpo_B.shape != mask_BT.shape[:1]:
-    raise ValueError(f"srpo_loss_pair: z_sdpo_B {z_sdpo_B.shape} must be [B]={mask_BT.shape[:1]}")
-  m_BT = mask_BT.astype(grpo_loss_BT.dtype)
-  z_sdpo_BT = jnp.broadcast_to(jax.lax.stop_gradient(z_sdpo_B)[:, None], m_BT.shape)
-  z_grpo_BT = 1.0 - z_sdpo_BT
-  num = jnp.sum(jnp.where(m_BT > 0, m_BT * (z_grpo_BT * grpo_loss_BT + z_sdpo_BT * sdpo_loss_BT),
-                          0.0))
-  den = jnp.sum(m_BT * (z_grpo_BT + z_sdpo_BT))
-  return num, den
+    raise ValueError(f"srpo: z_sdpo_B {z_sdpo_B.shape} must be [B]={mask_BT.shape[:1]}")
+  route_BT = jnp.broadcast_to((z_sdpo_B > 0.5)[:, None], mask_BT.shape)
+  mask = mask_BT.astype(jnp.bool_)
+  return mask & ~route_BT, mask & route_BT
 
 
 def srpo_routed_advantage(adv: jax.Array, gap_BT: jax.Array, z_sdpo_B: jax.Array) -> jax.Array:
   """A_srpo = z_grpo A_i + z_sdpo Delta_it (eq. 36), detached.
 
   The spec's bookkeeping view, not SRPO's training loss (that is eq. 35,
-  ``srpo_loss_pair``): useful as a diagnostic and as a sampled-token variant.
+  ``srpo_loss``): useful as a diagnostic and as a sampled-token variant.
   """
   if z_sdpo_B.shape != gap_BT.shape[:1]:
     raise ValueError(f"srpo_routed_advantage: z_sdpo_B {z_sdpo_B.shape} must be [B]={gap_BT.shape[:1]}")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.objectives import distill
+from jaxrl_llm.objectives.aggregation import WeightedSum, batch_norms
 
 B, T, V = 3, 4, 7
 
@@ -156,15 +157,19 @@ def test_token_divergence_dispatch():
                                 distill.generalized_jsd(ls, lt, 0.2))
 
 
-def test_token_sum_pair_hand_values_and_micro_batch_exactness():
-  loss_BT = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+def test_distill_loss_hand_values_and_micro_batch_exactness():
+  div_BT = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
   mask_BT = jnp.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
   w_BT = jnp.array([[0.5, 1.0, 9.0], [2.0, 9.0, 9.0]])
-  num, den = distill.token_sum_pair(loss_BT, mask_BT, w_BT)
-  assert float(num) == 0.5 * 1 + 1.0 * 2 + 2.0 * 4  # = 10.5
-  assert float(den) == 3.0
-  n0, d0 = distill.token_sum_pair(loss_BT[:1], mask_BT[:1], w_BT[:1])
-  n1, d1 = distill.token_sum_pair(loss_BT[1:], mask_BT[1:], w_BT[1:])
-  assert float((n0 + n1) / (d0 + d1)) == float(num / den)
-  g = jax.grad(lambda w: distill.token_sum_pair(loss_BT, mask_BT, w)[0])(w_BT)
+  out = distill.distill_loss(div_BT, mask_BT, weight_BT=w_BT)
+  # token_mean: (0.5 * 1 + 1.0 * 2 + 2.0 * 4) / 3 tokens = 10.5 / 3 = 3.5
+  np.testing.assert_allclose(out.value(), 3.5, rtol=1e-6)
+  # seq_mean_token_mean: ((0.5 + 2) / 2 + 8 / 1) / 2 = (1.25 + 8) / 2 = 4.625
+  out_s = distill.distill_loss(div_BT, mask_BT, aggregation="seq_mean_token_mean", weight_BT=w_BT)
+  np.testing.assert_allclose(out_s.value(), 4.625, rtol=1e-6)
+  norms = batch_norms(mask_BT)
+  parts = [distill.distill_loss(div_BT[i:i + 1], mask_BT[i:i + 1], norms=norms, weight_BT=w_BT[i:i + 1])
+           for i in range(2)]
+  np.testing.assert_allclose(WeightedSum.total(parts).value(), 3.5, rtol=1e-6)
+  g = jax.grad(lambda w: distill.distill_loss(div_BT, mask_BT, weight_BT=w).numerator)(w_BT)
   np.testing.assert_array_equal(g, jnp.zeros_like(w_BT))  # trust weights are detached
