@@ -10,11 +10,13 @@ import pytest
 from jaxrl_llm.checkpointing import (
     CheckpointManager, IncompatibleCheckpointError, NoCheckpointError)
 from jaxrl_llm.checkpointing.init import init_params
-from jaxrl_llm.model import ModelConfig, init_params as model_init
+from jaxrl_llm.model import ModelConfig, init_params as model_init_eager
 from jaxrl_llm.model.hf_io import save_hf
 
 CFG = ModelConfig.tiny(vocab_size=24, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
                        head_dim=16, d_ff=64)
+# One compiled init instead of many eager ops (eager costs ~20 s on a busy 2-core box).
+model_init = jax.jit(model_init_eager, static_argnums=0)
 
 
 def assert_tree_equal(a, b):
@@ -28,7 +30,7 @@ def save_run(workdir, steps):
   with CheckpointManager(os.path.join(workdir, "checkpoints"), model_config=CFG) as m:
     for s in steps:
       params = model_init(CFG, jax.random.key(s))
-      m.save(s, {"params": params, "opt": optax.adam(1e-3).init(params),
+      m.save(s, {"params": params, "opt": jax.jit(optax.adam(1e-3).init)(params),
                  "key": jax.random.key(0)}, data_state={"i": s})
 
 

@@ -19,18 +19,25 @@ MODEL = {"vocab_size": 16, "d_model": 8, "n_layers": 2, "remat": False}
 def make_state(seed: int):
   """Params sharded over an 8-device mesh, AdamW state, a typed key, a lag buffer."""
   mesh = jax.make_mesh((8,), ("fsdp",))
-  k1, k2 = jax.random.split(jax.random.key(seed))
-  params = {
-      "w_DV": jax.device_put(jax.random.normal(k1, (8, 16)), NamedSharding(mesh, P("fsdp"))),
-      "b_V": jax.random.normal(k2, (16,)),
-  }
-  opt = optax.adamw(1e-2)
-  opt_state = opt.init(params)
-  grads = jax.tree.map(jnp.ones_like, params)
-  _, opt_state = opt.update(grads, opt_state, params)  # non-zero moments
-  lag = (jax.tree.map(lambda x: x * 0.5, params),)
+  params = jax.device_put(_params(seed), {"w_DV": NamedSharding(mesh, P("fsdp")),
+                                          "b_V": NamedSharding(mesh, P())})
+  opt_state, lag = _opt_and_lag(params)
   return {"params": params, "opt": opt_state, "key": jax.random.key(seed + 100),
           "lag": lag}
+
+
+@jax.jit
+def _params(seed):
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  return {"w_DV": jax.random.normal(k1, (8, 16)), "b_V": jax.random.normal(k2, (16,))}
+
+
+@jax.jit
+def _opt_and_lag(params):
+  opt = optax.adamw(1e-2)
+  grads = jax.tree.map(jnp.ones_like, params)
+  _, opt_state = opt.update(grads, opt.init(params), params)  # non-zero moments
+  return opt_state, (jax.tree.map(lambda x: x * 0.5, params),)
 
 
 def assert_same(a, b):
