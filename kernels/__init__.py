@@ -1,1 +1,26 @@
-"""Pallas kernels over the vocabulary, installed as ``jaxrl_llm.kernels``."""
+"""Pallas kernels over the vocabulary, installed as ``jaxrl_llm.kernels``.
+
+Each op streams over vocabulary tiles so that no N x V array is materialised,
+and has a plain-jnp ``<op>_reference`` (the test oracle) and an ``impl``
+switch: "auto" | "pallas" | "xla_chunked" | "naive" (see ``config``).
+"""
+
+from jaxrl_llm.kernels.config import IMPLS, VocabTiles, resolve_impl
+from jaxrl_llm.kernels.token_logprobs import (TokenLogprobs, gather_logprobs,
+                                              gather_logprobs_reference,
+                                              token_logprobs,
+                                              token_logprobs_reference)
+from jaxrl_llm.kernels.vocab_cross import (VocabCross, vocab_cross,
+                                           vocab_cross_reference)
+from jaxrl_llm.kernels.vocab_cross_topk import (TAILS, vocab_cross_topk,
+                                                vocab_cross_topk_reference)
+from jaxrl_llm.kernels.vocab_topk import (VocabTopK, vocab_topk,
+                                          vocab_topk_reference)
+
+__all__ = [
+    "IMPLS", "TAILS", "TokenLogprobs", "VocabCross", "VocabTiles", "VocabTopK",
+    "gather_logprobs", "gather_logprobs_reference", "resolve_impl",
+    "token_logprobs", "token_logprobs_reference", "vocab_cross",
+    "vocab_cross_reference", "vocab_cross_topk", "vocab_cross_topk_reference",
+    "vocab_topk", "vocab_topk_reference",
+]
