@@ -329,3 +329,46 @@ class DistillTerm:
     div_BR = distill.token_divergence(logp_BRV, logq_BRV, kind=self.divergence, beta=self.beta)
     return distill.distill_loss(div_BR, ctx.batch.mask_BR, aggregation=self.aggregation, norms=ctx.norms,
                                 weight_BT=ctx.batch.extra_BR["teacher_weight_BR"])
+
+
+# ---- the trainer's hooks ---------------------------------------------------------
+
+def attach(tr, state):
+  """After the warm start, before the update compiles: build the teacher on ``tr``.
+
+  Sets ``tr.teacher_stage`` (None when no teacher) and appends the loss term;
+  a self-teacher's hint warm start may replace the student's params.
+  """
+  cfg = getattr(tr.cfg, "teacher", None)
+  tr.teacher_stage = None
+  if cfg is None or not cfg.enabled:
+    return state
+  from jaxrl_llm.training.sft import run_sft
+
+  c = tr.cfg
+
+  def sft_fn(params, examples, steps):
+    params, info = run_sft(params, tr.model_cfg, examples, tr.tokenizer, steps=steps, batch_size=c.sft.batch_size,
+                           lr=c.sft.lr, warmup_steps=min(c.sft.warmup_steps, steps),
+                           max_prompt_len=c.data.max_prompt_len, max_response_len=c.rollout.max_response_len,
+                           seed=c.seed + 1, impl=c.kernels.impl, mesh=tr.mesh, chat_template=c.data.chat_template,
+                           log=tr.log)
+    return params
+
+  params, t_params, t_cfg, info = build_teacher(cfg, state.params, tr.model_cfg, sft_fn=sft_fn,
+                                                train_examples=tr.train_examples)
+  tr.log(f"teacher: {info.get('teacher_source')}, signal {cfg.signal}")
+  tr.teacher_stage = TeacherStage(cfg, t_params, t_cfg, tr.model_cfg, tr.tokenizer,
+                                  temperature=c.rollout.temperature, max_prompt_len=c.data.max_prompt_len,
+                                  chat_template=c.data.chat_template, chunk=c.micro_batch_size)
+  tr.extra_terms = tuple(tr.extra_terms) + tr.teacher_stage.extra_terms(c.objective.aggregation)
+  return state.replace(params=params)
+
+
+def rewrite_batch(tr, state, samples, scores, adv_BR, mask_BR):
+  """In the step, after the advantages: -> (adv_BR, extra_BR, metrics) with the teacher's signal."""
+  stage = getattr(tr, "teacher_stage", None)
+  if stage is None:
+    return adv_BR, {}, {}
+  sig = stage.signals(samples, state.params, int(state.step))
+  return stage.apply(sig, adv_BR, mask_BR, scores.correct_B)

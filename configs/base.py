@@ -1,0 +1,166 @@
+"""Shared base of every method config.
+
+Each `configs/<method>.py` calls `get_config(method)` and may change a few
+values. Every key is declared here once, with its unit and meaning; the
+returned ConfigDict is locked, so a misspelled key (in a file or on the
+command line) is an error. The trainer converts it once into frozen, validated
+dataclasses (`jaxrl_llm/training/config.py`).
+
+The defaults are the embedded demo: a tiny character model on 2-digit
+addition, warm-started by SFT on partly wrong demonstrations, then RL.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def objective_block(method: str) -> ml_collections.ConfigDict:
+  """Every knob of the objectives preset `method`, at the preset's values.
+
+  Written out in full so the resolved config shows the exact objective; a knob
+  is changed with `--config.objective.<knob>=...`. If the method name is not a
+  preset the block is left empty and validation names the allowed methods.
+  """
+  import dataclasses
+
+  from jaxrl_llm import objectives
+
+  block = ml_collections.ConfigDict()
+  if method in objectives.PRESETS:
+    for f in dataclasses.fields(objectives.get_preset(method)):
+      value = getattr(objectives.get_preset(method), f.name)
+      if value is None:  # typed placeholder, so the command line can set it
+        kind = int if str(f.type).startswith("int") else float
+        value = ml_collections.config_dict.placeholder(kind)
+      block[f.name] = value
+  return block
+
+
+def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.method = method  # objectives preset name: one of jaxrl_llm.objectives.PRESETS
+  c.seed = 0  # PRNG seed of init, sampling, data order and the task split
+  c.workdir_root = "./runs"  # runs go to <workdir_root>/<method>-<UTC timestamp> unless --workdir is given
+
+  # ---- task and data -------------------------------------------------------
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "arithmetic"  # arithmetic | countdown | file (prompts from data.path)
+  c.task.digits = 2  # arithmetic: operand size in decimal digits
+  c.task.ops = "+"  # arithmetic: operators drawn, a subset of "+-*"
+  c.task.n_numbers = 3  # countdown: numbers to combine
+  c.task.max_number = 9  # countdown: numbers drawn from [1, max_number]
+  c.task.eval_fraction = 0.1  # share of the problem space (or of the file's rows) held out for eval
+  c.task.n_train = 20000  # examples in the training pool (built-in tasks; files use every row)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.path = ""  # task.name=file: training rows, .jsonl or .parquet
+  c.data.eval_path = ""  # task.name=file: held-out rows; empty: hold out task.eval_fraction of data.path
+  c.data.prompt_key = "prompt"  # row key of the prompt text (a user message for the chat template)
+  c.data.answer_key = "answer"  # row key of the reference answer given to the verifier
+  c.data.reward = "auto"  # auto (the task's own) | arithmetic | countdown | math_verify
+  c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
+  c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
+  c.data.reward_workers = 0  # reward worker processes; 0 scores in the trainer process
+  c.data.max_prompt_len = 32  # tokens; prompts are left-padded to this, longer ones are an error
+  c.data.chat_template = False  # wrap the prompt as a user message with the tokenizer's chat template
+
+  # ---- model -----------------------------------------------------------------
+  c.model = ml_collections.ConfigDict()
+  c.model.hf_path = ""  # a Hugging Face checkpoint directory; empty: the tiny model below from scratch
+  c.model.d_model = 128  # tiny model: residual width D
+  c.model.n_layers = 4  # tiny model: layers L
+  c.model.n_heads = 4  # tiny model: query heads N
+  c.model.n_kv_heads = 4  # tiny model: key/value heads K
+  c.model.d_ff = 256  # tiny model: SwiGLU hidden width F
+  c.model.param_dtype = "float32"  # dtype of the trained params
+  c.model.compute_dtype = "float32"  # dtype the trainer's matmuls run in
+  c.model.remat = "none"  # none | full | save_dots: activation recompute in the backward pass
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # devices on the data axis (batch); -1: all devices not used by the others
+  c.mesh.fsdp = 1  # devices on the fsdp axis (params sharded)
+  c.mesh.tensor = 1  # devices on the tensor axis (heads, MLP)
+
+  c.kernels = ml_collections.ConfigDict()
+  c.kernels.impl = "auto"  # token log-prob implementation: auto | pallas | xla_chunked | naive
+
+  # ---- SFT warm start ---------------------------------------------------------
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 500  # supervised steps before RL; 0 skips the warm start
+  c.sft.batch_size = 128  # demonstrations per step
+  c.sft.lr = 3e-3  # peak learning rate (warm-up then cosine decay to 10%)
+  c.sft.warmup_steps = 50  # linear LR warm-up, steps
+  c.sft.wrong_fraction = 0.5  # share of demonstrations that are systematically wrong
+
+  # ---- rollout -------------------------------------------------------------
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.prompts_per_step = 64  # prompts per RL step
+  c.rollout.group_size = 8  # samples per prompt (G)
+  c.rollout.max_response_len = 8  # tokens generated per sample (R), EOS included
+  c.rollout.temperature = 1.0  # sampling temperature
+  c.rollout.top_k = 0  # sample from the k most likely tokens; 0 disables
+  c.rollout.top_p = 1.0  # nucleus sampling mass; 1 disables
+  c.rollout.sampler_dtype = "float32"  # float32 | bfloat16: a lower-precision sampler makes mu != pi_prox
+  c.rollout.staleness = 0  # k: the sampler uses params from k updates ago (PipelineRL-k); 0 is on-policy
+  c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
+
+  # ---- filters and reward shaping ---------------------------------------------
+  c.filters = ml_collections.ConfigDict()
+  c.filters.dynamic_sampling = False  # DAPO: drop groups whose rewards are all equal, refill by sampling more
+  c.filters.max_refill_rounds = 3  # bound on extra sampling rounds per step when refilling
+  c.filters.overlong_filter = False  # mask out of the loss samples cut at max_response_len (no EOS)
+  c.filters.overlong_buffer = 0  # DAPO soft overlong penalty: tokens before max_response_len where it starts; 0 off
+  c.filters.overlong_penalty = 1.0  # reward subtracted at max_response_len, linear over the buffer
+
+  # ---- update ------------------------------------------------------------------
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 60  # RL steps (one batch of rollouts each)
+  c.train.epochs = 1  # passes over each batch (K)
+  c.train.mini_batches = 1  # optimizer updates per pass: the batch is split into this many mini-batches
+  c.train.micro_batch_size = 0  # samples per forward/backward inside a mini-batch; 0: the whole mini-batch
+  c.train.lr = 1e-3  # peak learning rate (linear warm-up, then constant)
+  c.train.warmup_steps = 5  # optimizer updates of linear warm-up
+  c.train.weight_decay = 0.0  # AdamW decoupled weight decay
+  c.train.b1 = 0.9  # Adam beta1
+  c.train.b2 = 0.99  # Adam beta2
+  c.train.clip_norm = 1.0  # global gradient-norm clip; 0 disables
+  c.train.value_lr = 1e-3  # PPO: learning rate of the value head (its loss weight and clip are objective knobs)
+
+  # ---- evaluation and logging ------------------------------------------------
+  c.eval = ml_collections.ConfigDict()
+  c.eval.n_examples = 256  # held-out examples scored greedily at the start and the end
+  c.eval.every = 0  # also evaluate every this many RL steps; 0: start and end only
+
+  c.log = ml_collections.ConfigDict()
+  c.log.progress = True  # show a progress bar
+  c.log.every = 1  # write metrics.jsonl every this many RL steps
+  c.log.kl_to_ref = True  # log KL(pi || pi_ref) even when objective.kl_coef = 0 (one extra forward per step)
+
+  # ---- teacher (on-policy distillation, SDPO, SRPO, RLSD; jaxrl_llm/training/teacher.py) ----
+  c.teacher = ml_collections.ConfigDict()
+  c.teacher.source = "none"  # none | sft (warm start + sft_steps on correct demos) | checkpoint | self
+  c.teacher.checkpoint = ""  # source=checkpoint: HF directory or run workdir; same tokenizer as the student
+  c.teacher.sft_steps = 300  # source=sft: extra SFT steps on correct demonstrations, from the warm start
+  c.teacher.context = "prompt"  # what the teacher sees before the response: prompt | hint (answer + prompt)
+  c.teacher.hint_template = "{answer}|{prompt}"  # context=hint: the privileged teacher context
+  c.teacher.hint_sft_steps = 0  # source=self, context=hint: warm-start steps teaching the model to read hints
+  c.teacher.schedule = "frozen"  # source=self: teacher weights frozen | current | refresh | ema
+  c.teacher.refresh_every = 10  # schedule=refresh: RL steps between teacher moves
+  c.teacher.ema_decay = 0.9  # schedule=ema: decay d of phi = d phi + (1 - d) theta, in [0, 1)
+  c.teacher.signal = "distill"  # distill (loss form) | gap_advantage | srpo | rlsd
+  c.teacher.divergence = "reverse_kl"  # distill/srpo: reverse_kl | forward_kl | jsd
+  c.teacher.jsd_beta = 0.5  # divergence=jsd: beta in [0, 1] (0 = forward KL, 1 = reverse KL)
+  c.teacher.coef = 1.0  # weight of the teacher term (loss form) or of the gap (gap_advantage)
+  c.teacher.rl_coef = 0.0  # distill/gap_advantage: weight of the reward advantage (0: pure distillation)
+  c.teacher.eps_w = 0.2  # rlsd: the multiplier is clipped to [1 - eps_w, 1 + eps_w], eps_w in [0, 1)
+  c.teacher.lam = 1.0  # rlsd: lambda, share of the teacher-modulated advantage, in [0, 1]
+  c.teacher.confidence_beta = 0.0  # tau = clip(exp(-beta H(q)), tau_min, tau_max); 0: tau = 1
+  c.teacher.tau_min = 0.0  # lower clip of tau
+  c.teacher.tau_max = 1.0  # upper clip of tau
+
+  # Every knob of the master equation (jaxrl_llm/objectives/config.py documents
+  # each one), at the values of the `method` preset; `name` records the preset.
+  c.objective = objective_block(method)
+  c.lock()
+  return c

@@ -1,0 +1,29 @@
+"""opd: on-policy distillation from an external teacher (spec 000 eq. 26-32, spec 003).
+
+The student samples; the teacher re-scores every sampled prefix; the loss is
+the reverse KL(p || q) over the full vocabulary at each response token
+(mode seeking, eq. 28). The default teacher is made by the warm start: the
+warm-started student trained `teacher.sft_steps` more steps on correct
+demonstrations only. Pure distillation (teacher.rl_coef = 0): the verifier's
+reward is logged, not trained on. `--config.teacher.signal=gap_advantage`
+switches to the sampled-token advantage form log q(y) - log p(y) (eq. 33);
+`--config.teacher.source=checkpoint --config.teacher.checkpoint=DIR` uses a
+saved teacher (same tokenizer).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
+from base import get_config as _base  # noqa: E402
+
+
+def get_config():
+  c = _base("grpo")  # the reward branch (rl_coef > 0) is GRPO's
+  c.teacher.source = "sft"
+  c.teacher.signal = "distill"
+  c.teacher.divergence = "reverse_kl"
+  c.teacher.coef = 1.0
+  c.teacher.rl_coef = 0.0
+  c.objective.aggregation = "token_mean"  # eq. 26: one sum over all response tokens
+  return c

@@ -1,0 +1,30 @@
+"""sdpo: self-distillation with a privileged context (spec 000 section 5.2, eq. 30-33).
+
+The teacher is the student's own network shown the reference answer as a hint
+before the prompt (`teacher.hint_template`); it re-scores the student's
+response and the loss is the reverse KL(p || q) per token. The warm start
+adds `teacher.hint_sft_steps` steps that teach the model to read a hint
+(a mix of hinted, correct demonstrations and the ordinary ones). The
+teacher's weights follow `teacher.schedule` (refreshed every
+`teacher.refresh_every` steps: it moves only after the student consolidated).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
+from base import get_config as _base  # noqa: E402
+
+
+def get_config():
+  c = _base("grpo")
+  c.teacher.source = "self"
+  c.teacher.context = "hint"
+  c.teacher.hint_sft_steps = 200
+  c.teacher.schedule = "refresh"
+  c.teacher.refresh_every = 10
+  c.teacher.signal = "distill"
+  c.teacher.divergence = "reverse_kl"
+  c.teacher.rl_coef = 0.0
+  c.objective.aggregation = "token_mean"  # eq. 30 sums over tokens
+  return c

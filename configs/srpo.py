@@ -1,0 +1,26 @@
+"""srpo: route each sample to GRPO or to SDPO (spec 000 section 5.3, eq. 34-35).
+
+z_sdpo = (1 - c_i) m_i: failed samples with teacher information take the
+self-distillation loss (the SDPO self-teacher of configs/sdpo.py), every other
+sample takes GRPO's; both branches share one token normaliser
+(objective.aggregation = token_mean, eq. 35).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
+from base import get_config as _base  # noqa: E402
+
+
+def get_config():
+  c = _base("grpo")
+  c.teacher.source = "self"
+  c.teacher.context = "hint"
+  c.teacher.hint_sft_steps = 200
+  c.teacher.schedule = "refresh"
+  c.teacher.refresh_every = 10
+  c.teacher.signal = "srpo"
+  c.teacher.divergence = "reverse_kl"
+  c.objective.aggregation = "token_mean"  # eq. 35's shared denominator
+  return c

@@ -1,0 +1,84 @@
+"""Multi-digit arithmetic: prompt "47+68=", answer "115", response "115<eos>".
+
+Demonstrations for the SFT warm start are wrong on purpose for a fraction of
+problems: they use the carry-free sum (47+68 -> "05"), a systematic mistake
+that imitation reproduces and that a verifier can correct.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from jaxrl_llm.tasks.base import Example
+from jaxrl_llm.tasks.split import check_split, in_eval_split, split_rng
+
+_INT = re.compile(r"-?\d+")
+OPS = ("+", "-", "*")
+
+
+def carry_free_sum(a: int, b: int) -> int:
+  """Digit-wise sum modulo 10 with every carry dropped (47+68 -> 5)."""
+  out, place = 0, 1
+  while a or b:
+    out += ((a % 10 + b % 10) % 10) * place
+    a, b, place = a // 10, b // 10, place * 10
+  return out
+
+
+def arithmetic_reward(prompt: str, response: str, answer: str) -> float:
+  """1 if the response is exactly the answer (an integer, nothing else), else 0."""
+  del prompt
+  return 1.0 if response.strip() == answer.strip() else 0.0
+
+
+def arithmetic_format(response: str) -> bool:
+  return _INT.fullmatch(response.strip()) is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask:
+  digits: int = 2  # operand size in decimal digits
+  ops: str = "+"  # operators to draw from, a subset of "+-*"
+  seed: int = 0  # fixes the train/eval split and the problems drawn
+  eval_fraction: float = 0.1  # share of the problem space held out for eval
+  wrong_fraction: float = 0.0  # share of demonstrations that are wrong (carry dropped)
+  name: str = "arithmetic"
+
+  def __post_init__(self):
+    if not 1 <= self.digits <= 9:
+      raise ValueError(f"arithmetic digits={self.digits} must be in [1, 9]")
+    if not self.ops or any(o not in OPS for o in self.ops):
+      raise ValueError(f"arithmetic ops={self.ops!r} must be a non-empty subset of {''.join(OPS)!r}")
+    if not 0.0 < self.eval_fraction < 1.0:
+      raise ValueError(f"arithmetic eval_fraction={self.eval_fraction} must be in (0, 1)")
+    if not 0.0 <= self.wrong_fraction <= 1.0:
+      raise ValueError(f"arithmetic wrong_fraction={self.wrong_fraction} must be in [0, 1]")
+
+  reward_fn = staticmethod(arithmetic_reward)
+  format_fn = staticmethod(arithmetic_format)
+
+  def _wrong(self, a: int, op: str, b: int) -> int:
+    if op == "+":
+      return carry_free_sum(a, b)
+    if op == "-":
+      return a - b + 10  # forgets a borrow in the tens
+    return a * b + a  # off by one multiplicand
+
+  def examples(self, split: str, n: int) -> list[Example]:
+    check_split(split)
+    rng = split_rng(self.seed, split)
+    lo, hi = 10 ** (self.digits - 1) if self.digits > 1 else 0, 10**self.digits
+    out = []
+    want_eval = split == "eval"
+    while len(out) < n:
+      a, b = (int(x) for x in rng.integers(lo, hi, size=2))
+      op = self.ops[int(rng.integers(len(self.ops)))]
+      prompt = f"{a}{op}{b}="
+      if in_eval_split(prompt, self.seed, self.eval_fraction) != want_eval:
+        continue
+      answer = str(eval(f"{a}{op}{b}"))  # noqa: S307 - two ints and one operator
+      wrong = rng.random() < self.wrong_fraction
+      demo = str(self._wrong(a, op, b)) if wrong else answer
+      out.append(Example(prompt=prompt, answer=answer, demo=demo))
+    return out

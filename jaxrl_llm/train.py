@@ -1,0 +1,45 @@
+"""Entry point: `python -m jaxrl_llm.train --config=configs/gspo.py
+[--config.some.key=value ...] [--workdir=DIR]`.
+
+The config file's ConfigDict is converted once into a validated RunConfig
+(every check runs before any model is built), saved to <workdir>/config.json,
+and the run ends with <workdir>/summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/<method>.py file", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory; default <workdir_root>/<method>-<UTC time>")
+
+
+def default_workdir(root: str, method: str) -> str:
+  return os.path.join(root, f"{method}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  from jaxrl_llm.training.config import from_config_dict
+  from jaxrl_llm.training.loop import Trainer
+
+  if _CONFIG.value is None:
+    raise app.UsageError("--config=configs/<method>.py is required")
+  cfg = from_config_dict(_CONFIG.value)
+  workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.method)
+  print(f"method {cfg.method} -> {workdir}")
+  summary = Trainer(cfg, workdir).run()
+  print(json.dumps(summary, indent=2))
+  print(f"eval accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
+        f"({summary['eval_gain']:+.3f}) in {summary['run_time_s']:.0f} s; summary: "
+        f"{os.path.join(workdir, 'summary.json')}")
+
+
+if __name__ == "__main__":
+  app.run(main)

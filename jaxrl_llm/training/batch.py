@@ -1,0 +1,43 @@
+"""The scored batch an update consumes, and the value head of PPO."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class TrainBatch:
+  """B scored samples; every array's leading axis is the batch (sharded over data)."""
+
+  prompt_BP: jax.Array  # int32 [B, P] left-padded prompt tokens
+  prompt_mask_BP: jax.Array  # bool [B, P]
+  tokens_BR: jax.Array  # int32 [B, R] response tokens (EOS included)
+  mask_BR: jax.Array  # bool [B, R] tokens that enter the loss (response mask minus filtered samples)
+  behav_logp_BR: jax.Array  # f32 [B, R] log mu from the sampler
+  prox_logp_BR: jax.Array  # f32 [B, R] log pi_prox (params when this batch's updates began)
+  ref_logp_BR: jax.Array  # f32 [B, R] log pi_ref (the warm-started model); zeros when unused
+  adv_BR: jax.Array  # f32 [B, R] advantages (outcome advantages broadcast over tokens, or GAE)
+  returns_BR: jax.Array  # f32 [B, R] value targets (PPO); zeros when unused
+  old_values_BR: jax.Array  # f32 [B, R] value predictions before the update (PPO); zeros when unused
+  topk_ids_BRK: jax.Array  # int32 [B, R, K] mu's top-k ids (Score Centering, top-k form); K = 0 when unused
+  topk_logp_BRK: jax.Array  # f32 [B, R, K] log mu at those ids
+  extra_BR: dict  # name -> f32 [B, R]: extra per-token inputs to the loss (e.g. teacher log-probs)
+
+
+def init_value_head(d_model: int, key: jax.Array, hidden: int = 64) -> dict:
+  """A small MLP on the (stop-gradient) final hidden state: V(prefix)."""
+  return {
+      "w1_DF": jax.random.normal(key, (d_model, hidden), jnp.float32) / jnp.sqrt(d_model),
+      "b1_F": jnp.zeros((hidden,), jnp.float32),
+      "w2_F": jnp.zeros((hidden,), jnp.float32),
+      "b2": jnp.zeros((), jnp.float32),
+  }
+
+
+def value_head(vparams: dict, hidden_BRD: jax.Array) -> jax.Array:
+  """values_BR; the backbone gets no gradient from the value loss."""
+  h = jax.lax.stop_gradient(hidden_BRD).astype(jnp.float32)
+  z_BRF = jax.nn.relu(jnp.einsum("BRD,DF->BRF", h, vparams["w1_DF"]) + vparams["b1_F"])
+  return jnp.einsum("BRF,F->BR", z_BRF, vparams["w2_F"]) + vparams["b2"]

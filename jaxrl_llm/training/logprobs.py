@@ -1,0 +1,76 @@
+"""Per-token log-probs of a response under a policy (the trainer's side of
+pi_theta, pi_prox and pi_ref).
+
+The prompt and response are run as one sequence [prompt_BP | response_BR];
+the hidden state at slot P - 1 + t predicts response token t. The product
+with the output head and the log-softmax go through `jaxrl_llm.kernels`'
+`token_logprobs` when that op is available (chosen by `kernels.impl`), else
+through a plain log_softmax over the full vocabulary.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm import model as model_lib
+
+
+@struct.dataclass
+class TokenLogprobs:
+  logp_BR: jax.Array  # f32 [B, R], log pi(y_t | prefix) at the sampling temperature
+  entropy_BR: jax.Array  # f32 [B, R], entropy of pi(. | prefix)
+  hidden_BRD: jax.Array  # [B, R, D], the final hidden state that predicts token t (value head input)
+
+
+def positions_from_mask(mask_BT: jax.Array) -> jax.Array:
+  """RoPE positions for left-padded rows: 0 at the first real token."""
+  return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def _naive(hidden_ND, w_DV, targets_N, temperature):
+  logits_NV = jnp.einsum("ND,DV->NV", hidden_ND, w_DV.astype(hidden_ND.dtype),
+                         preferred_element_type=jnp.float32) / temperature
+  logq_NV = jax.nn.log_softmax(logits_NV, axis=-1)
+  logp_N = jnp.take_along_axis(logq_NV, targets_N[:, None], axis=-1)[:, 0]
+  entropy_N = -jnp.sum(jnp.exp(logq_NV) * logq_NV, axis=-1)
+  return logp_N, entropy_N
+
+
+def head_logprobs(hidden_ND, w_DV, targets_N, *, temperature: float, impl: str):
+  """(logp_N, entropy_N) of `targets_N` under softmax(hidden @ w / temperature)."""
+  from jaxrl_llm import kernels
+
+  op = getattr(kernels, "token_logprobs", None)
+  if op is None or impl == "naive":
+    return _naive(hidden_ND, w_DV, targets_N, temperature)
+  out = op(hidden_ND, w_DV, targets_N, temperature=temperature, impl=impl)
+  return out.logp, out.entropy
+
+
+def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR):
+  """hidden_BRD: the final hidden state that predicts response token t."""
+  P, R = prompt_BP.shape[1], response_BR.shape[1]
+  tokens_BT = jnp.concatenate([prompt_BP, response_BR], axis=1)
+  mask_BT = jnp.concatenate([prompt_mask_BP, response_mask_BR], axis=1)
+  hidden_BTD, _ = model_lib.forward(params, model_cfg, tokens_BT, positions_from_mask(mask_BT), mask_BT)
+  return hidden_BTD[:, P - 1:P - 1 + R]
+
+
+def full_logprobs(hidden_BRD, w_DV, *, temperature: float):
+  """log pi(v | prefix) over the whole vocabulary, [B, R, V] f32 (Score Centering's
+  exact / top-k terms; materialises B x R x V, fine for small vocabularies)."""
+  logits_BRV = jnp.einsum("BRD,DV->BRV", hidden_BRD, w_DV.astype(hidden_BRD.dtype),
+                          preferred_element_type=jnp.float32) / temperature
+  return jax.nn.log_softmax(logits_BRV, axis=-1)
+
+
+def response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
+                      *, temperature: float, impl: str) -> TokenLogprobs:
+  hidden_BRD = response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR)
+  B, R, D = hidden_BRD.shape
+  logp_N, entropy_N = head_logprobs(hidden_BRD.reshape(B * R, D), model_lib.lm_head(params, model_cfg),
+                                    response_BR.reshape(B * R), temperature=temperature, impl=impl)
+  return TokenLogprobs(logp_BR=logp_N.reshape(B, R), entropy_BR=entropy_N.reshape(B, R),
+                       hidden_BRD=hidden_BRD)

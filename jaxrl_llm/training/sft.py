@@ -1,0 +1,80 @@
+"""Supervised warm start on demonstrations (some of them wrong on purpose).
+
+Teacher-forced cross-entropy on the response tokens (demo + EOS) only. The
+built-in tasks make a configurable share of demos systematically wrong, so
+imitation plateaus below what the verifier can teach during RL.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrl_llm.tasks.base import Example
+from jaxrl_llm.training import mesh as mesh_lib
+from jaxrl_llm.training.data import encode_prompts
+from jaxrl_llm.training.logprobs import response_logprobs
+from jaxrl_llm.training.optim import adamw, guarded_update, warmup_schedule
+
+
+def encode_responses(tokenizer, texts, max_response_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded response tokens followed by EOS: (tokens_BR, mask_BR)."""
+  B = len(texts)
+  tokens_BR = np.full((B, max_response_len), tokenizer.pad_id, np.int32)
+  mask_BR = np.zeros((B, max_response_len), bool)
+  for b, text in enumerate(texts):
+    ids = tokenizer.encode(text) + [tokenizer.eos_id]
+    if len(ids) > max_response_len:
+      raise ValueError(f"demonstration {text!r} is {len(ids)} tokens with EOS, more than "
+                       f"rollout.max_response_len={max_response_len}")
+    tokens_BR[b, :len(ids)] = ids
+    mask_BR[b, :len(ids)] = True
+  return tokens_BR, mask_BR
+
+
+def _sft_loss(params, model_cfg, impl, prompt_BP, prompt_mask_BP, resp_BR, resp_mask_BR):
+  lp = response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, resp_BR, resp_mask_BR,
+                         temperature=1.0, impl=impl)
+  m = resp_mask_BR.astype(jnp.float32)
+  return -jnp.sum(lp.logp_BR * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def run_sft(params, model_cfg, examples: list[Example], tokenizer, *, steps: int, batch_size: int,
+            lr: float, warmup_steps: int, max_prompt_len: int, max_response_len: int, seed: int,
+            impl: str, mesh, chat_template: bool = False, log=print):
+  """Returns (params, {'sft_loss_start', 'sft_loss_end', 'sft_time_s'})."""
+  if steps == 0:
+    return params, {"sft_steps": 0}
+  tx = adamw(warmup_schedule(lr, warmup_steps, steps, decay_to=0.1), b1=0.9, b2=0.99,
+             weight_decay=0.0, clip_norm=1.0)
+  opt_state = tx.init(params)
+  p_shard = jax.tree.map(lambda a: a.sharding, params)
+  o_shard = jax.tree.map(lambda a: a.sharding, opt_state)
+  b_shard = mesh_lib.batch_sharding(mesh)
+
+  @functools.partial(jax.jit, in_shardings=(p_shard, o_shard, b_shard, b_shard, b_shard, b_shard),
+                     out_shardings=(p_shard, o_shard, None), donate_argnums=(0, 1))
+  def step(params, opt_state, prompt_BP, prompt_mask_BP, resp_BR, resp_mask_BR):
+    # params and opt_state are donated: the old copies are dead after the update.
+    loss, grads = jax.value_and_grad(_sft_loss)(params, model_cfg, impl, prompt_BP, prompt_mask_BP,
+                                                resp_BR, resp_mask_BR)
+    params, opt_state, _, _ = guarded_update(tx, grads, opt_state, params, loss)
+    return params, opt_state, loss
+
+  rng = np.random.default_rng(seed)
+  t0, losses = time.time(), []
+  for i in range(steps):
+    batch = [examples[int(j)] for j in rng.integers(len(examples), size=batch_size)]
+    pb = encode_prompts(tokenizer, batch, max_prompt_len, chat_template)
+    resp_BR, resp_mask_BR = encode_responses(tokenizer, [e.demo for e in batch], max_response_len)
+    params, opt_state, loss = step(params, opt_state, pb.tokens_BP, pb.mask_BP, resp_BR, resp_mask_BR)
+    if i == 0 or i == steps - 1 or (i + 1) % 100 == 0:
+      losses.append(float(loss))
+      log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")
+  return params, {"sft_steps": steps, "sft_loss_start": losses[0], "sft_loss_end": losses[-1],
+                  "sft_time_s": time.time() - t0}

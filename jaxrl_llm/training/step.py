@@ -1,0 +1,151 @@
+"""One RL step, stage by stage:
+
+    prompts -> rollout (n per prompt, refilled by dynamic sampling) -> score
+    -> filters -> recompute pi_prox / pi_ref / values -> advantages
+    -> K passes of mini-batch updates -> metrics.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxrl_llm import objectives as obj_lib
+from jaxrl_llm.training import advantage as adv_lib
+from jaxrl_llm.training import filters as filt
+from jaxrl_llm.training import teacher as teacher_lib
+from jaxrl_llm.training.batch import TrainBatch
+from jaxrl_llm.training.metrics import mean_over_updates
+from jaxrl_llm.training.recompute import policy_logprobs
+from jaxrl_llm.training.rollout import concat_samples, sample, select_rows
+from jaxrl_llm.training.score import concat_scores, score, select_scores
+from jaxrl_llm.training.state import TrainState
+
+
+def _rollout_and_score(tr, state: TrainState, key):
+  """Samples rounds of prompts until the batch is full of informative groups
+  (dynamic sampling) or the refill budget is spent."""
+  cfg = tr.cfg
+  G, n_prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+  parts_s, parts_r, rounds, t_roll, t_score = [], [], 0, 0.0, 0.0
+  while True:
+    t0 = time.time()
+    smp = sample(state.sampler_params(), tr.model_cfg, next(tr.pipeline), tr.sampling_cfg,
+                 jax.random.fold_in(key, rounds), tr.tokenizer, tr.batch_sharding)
+    t1 = time.time()
+    parts_s.append(smp)
+    parts_r.append(score(smp, tr.runner, cfg.filters, cfg.rollout.max_response_len))
+    t_roll, t_score = t_roll + t1 - t0, t_score + time.time() - t1
+    if not cfg.filters.dynamic_sampling:
+      break
+    n_informative = sum(int(filt.informative_groups(r.reward_B, G).sum()) for r in parts_r)
+    if n_informative >= n_prompts or rounds >= cfg.filters.max_refill_rounds:
+      break
+    rounds += 1
+  samples, scores = concat_samples(parts_s), concat_scores(parts_r)
+  first = parts_r[0]  # the first round is the unfiltered on-policy sample: report it
+  stats = {"reward/mean": first.reward_B.mean(), "reward/std": first.reward_B.std(),
+           "reward/accuracy": first.correct_B.mean(),
+           "reward/pass_at_group": first.correct_B.reshape(-1, G).max(axis=1).mean(),
+           "reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
+           "response/length_mean": parts_s[0].length_B.mean(),
+           "response/truncated_frac": parts_s[0].truncated_B.mean(),
+           "filter/refill_rounds": rounds, "time/rollout_s": t_roll, "time/score_s": t_score,
+           "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in parts_s)}
+  if cfg.filters.dynamic_sampling:
+    rows, keep = filt.choose_groups(scores.reward_B, G, n_prompts)
+    samples, scores = select_rows(samples, rows), select_scores(scores, rows)
+    stats["filter/kept_group_frac"] = keep.reshape(-1, G)[:, 0].mean()
+  else:
+    keep = np.ones(scores.reward_B.shape, bool)
+  over = filt.overlong_keep(samples.truncated_B, cfg.filters.overlong_filter)
+  stats["filter/overlong_masked_frac"] = 1.0 - over.mean()
+  return samples, scores, keep & over, stats
+
+
+def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBatch, dict]:
+  cfg, obj = tr.cfg, tr.cfg.objective
+  t0 = time.time()
+  mask_BR = samples.mask_BR & keep_B[:, None]
+  B, R = mask_BR.shape
+  zeros = np.zeros((B, R), np.float32)
+  common = dict(model_cfg=tr.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
+                chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
+  args = (samples.prompt_BP, samples.prompt_mask_BP, samples.tokens_BR, samples.mask_BR)
+  prox_logp, values = zeros, zeros
+  need_prox = obj.needs_prox or obj.needs_ref or cfg.log.kl_to_ref or cfg.use_value
+  if need_prox:
+    prox_logp, values = policy_logprobs(state.params, state.value_params, *args, with_values=cfg.use_value,
+                                        **common)
+  ref_logp = zeros
+  if obj.needs_ref or cfg.log.kl_to_ref:
+    ref_logp, _ = policy_logprobs(tr.ref_params(state), state.value_params, *args, **common)
+  t1 = time.time()
+  adv_BR, returns_BR = adv_lib.advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
+                                          prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
+  t2 = time.time()
+  adv_BR, teacher_extra, teacher_stats = teacher_lib.rewrite_batch(tr, state, samples, scores, adv_BR, mask_BR)
+  stats = {"time/recompute_s": t1 - t0, "time/advantage_s": t2 - t1, "time/teacher_s": time.time() - t2,
+           **teacher_stats,
+           "adv/abs_mean": float(np.abs(adv_BR)[mask_BR].mean()) if mask_BR.any() else 0.0}
+  if need_prox and (obj.needs_ref or cfg.log.kl_to_ref):
+    k3 = np.asarray(obj_lib.kl_penalty(prox_logp, ref_logp, "k3"))
+    stats["kl/ref"] = float(k3[samples.mask_BR].mean())
+  if cfg.use_value:
+    stats["value/mean"] = float(values[samples.mask_BR].mean())
+  batch = TrainBatch(
+      prompt_BP=samples.prompt_BP, prompt_mask_BP=samples.prompt_mask_BP, tokens_BR=samples.tokens_BR,
+      mask_BR=mask_BR, behav_logp_BR=samples.behav_logp_BR, prox_logp_BR=prox_logp, ref_logp_BR=ref_logp,
+      adv_BR=adv_BR, returns_BR=returns_BR, old_values_BR=values, topk_ids_BRK=samples.topk_ids_BRK,
+      topk_logp_BRK=samples.topk_logp_BRK, extra_BR={**tr.extra_inputs(state, samples), **teacher_extra})
+  return batch, stats
+
+
+def _row_order(rng: np.random.Generator, B: int, G: int, mini: int) -> np.ndarray:
+  """A shuffled row order; whole groups stay together when mini-batches hold whole groups."""
+  if mini % G == 0:
+    groups = rng.permutation(B // G)
+    return (groups[:, None] * G + np.arange(G)[None, :]).reshape(-1)
+  return rng.permutation(B)
+
+
+def run_updates(tr, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
+  """K passes over the batch, `mini_batches` optimizer updates per pass."""
+  cfg = tr.cfg
+  B = batch.tokens_BR.shape[0]
+  mini = cfg.mini_batch_size
+  rng = np.random.default_rng([cfg.seed, int(state.step)])
+  params, opt_state, vparams, vopt = state.params, state.opt_state, state.value_params, state.value_opt_state
+  per_update, t0 = [], time.time()
+  for _ in range(cfg.train.epochs):
+    order = _row_order(rng, B, cfg.rollout.group_size, mini) if cfg.train.mini_batches > 1 else np.arange(B)
+    for j in range(cfg.train.mini_batches):
+      rows = order[j * mini:(j + 1) * mini]
+      mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), tr.batch_sharding)
+      params, opt_state, vparams, vopt, m = tr.update_fn(params, opt_state, vparams, vopt, mb)
+      per_update.append(m)
+  per_update = jax.device_get(per_update)
+  metrics = mean_over_updates(per_update)
+  metrics["update/count"] = len(per_update)
+  metrics["update/skipped_nonfinite"] = float(sum(float(m["update/skipped_nonfinite"]) for m in per_update))
+  metrics["time/update_s"] = time.time() - t0
+  state = state.replace(params=params, opt_state=opt_state, value_params=vparams, value_opt_state=vopt)
+  return state, metrics
+
+
+def rl_step(tr, state: TrainState) -> tuple[TrainState, dict]:
+  t0 = time.time()
+  key, k_sample = jax.random.split(state.key)
+  samples, scores, keep_B, stats = _rollout_and_score(tr, state, k_sample)
+  batch, b_stats = build_batch(tr, state, samples, scores, keep_B)
+  state, u_stats = run_updates(tr, state, batch)
+  state = state.push_lag(tr.snapshot(state.params))
+  state = state.replace(step=state.step + 1, key=key, data_state=tr.pipeline.get_state())
+  metrics = {**stats, **b_stats, **u_stats}
+  metrics["trust/clip_frac"] = metrics.get("trust/clip_low_frac", 0.0) + metrics.get("trust/clip_high_frac", 0.0)
+  metrics["lr"] = float(tr.lr_schedule(tr.updates_done(state)))
+  metrics["time/step_s"] = time.time() - t0
+  metrics["perf/tokens_per_s"] = metrics["perf/sampled_tokens"] / max(metrics["time/step_s"], 1e-9)
+  return state, metrics

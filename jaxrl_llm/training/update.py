@@ -1,0 +1,143 @@
+"""One optimizer update on a mini-batch: micro-batched, exact, guarded.
+
+The mini-batch's normalisers (`batch_norms`) are computed once and passed to
+every micro-batch, so each micro-batch's loss numerator is its exact share of
+the mini-batch loss and the summed gradient equals the full-batch gradient
+under every aggregation mode (objectives/aggregation.py). Micro-batches run
+in a `lax.scan` that accumulates gradients and metric (numerator,
+denominator) pairs; the loss is sum(numerators) / sum(denominators).
+
+Extra per-token loss terms (a teacher's, say) plug in through `extra_terms`:
+callables `fn(ctx) -> WeightedSum` over a `LossContext`, added to the loss
+with the same normalisers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm import model as model_lib
+from jaxrl_llm import objectives as obj_lib
+from jaxrl_llm.training.batch import TrainBatch, value_head
+from jaxrl_llm.training.logprobs import full_logprobs, head_logprobs, response_hidden
+from jaxrl_llm.training.optim import guarded_update
+
+
+@struct.dataclass
+class LossContext:
+  """What an extra loss term sees for one micro-batch."""
+
+  params: dict  # the policy params (differentiable)
+  hidden_BRD: jax.Array  # [B, R, D] final hidden states predicting each response token
+  logp_BR: jax.Array  # [B, R] log pi_theta of the sampled tokens (differentiable)
+  batch: TrainBatch  # the micro-batch (extra_BR holds the extra per-token inputs)
+  norms: obj_lib.BatchNorms  # normalisers of the whole mini-batch
+
+
+ExtraTerm = Callable[[LossContext], obj_lib.WeightedSum]
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSpec:
+  """Static description of the update (hashable: a jit static argument)."""
+
+  model_cfg: model_lib.ModelConfig
+  objective: obj_lib.ObjectiveConfig
+  group_size: int
+  n_micro: int  # micro-batches per mini-batch
+  temperature: float  # the sampling temperature: pi_theta is evaluated at it, like mu
+  impl: str  # kernels.impl
+  use_value: bool  # PPO: train the value head
+  extra_terms: tuple[tuple[str, ExtraTerm], ...] = ()
+
+
+def _micro_loss(params, vparams, mb: TrainBatch, norms, spec: UpdateSpec):
+  obj = spec.objective
+  hidden_BRD = response_hidden(params, spec.model_cfg, mb.prompt_BP, mb.prompt_mask_BP, mb.tokens_BR,
+                               mb.mask_BR)
+  B, R, D = hidden_BRD.shape
+  w_DV = model_lib.lm_head(params, spec.model_cfg)
+  logp_N, entropy_N = head_logprobs(hidden_BRD.reshape(B * R, D), w_DV, mb.tokens_BR.reshape(B * R),
+                                    temperature=spec.temperature, impl=spec.impl)
+  logp_BR, entropy_BR = logp_N.reshape(B, R), entropy_N.reshape(B, R)
+  centering = None
+  if obj.needs_centering:
+    logq_BRV = full_logprobs(hidden_BRD, w_DV, temperature=spec.temperature)
+    centering = obj_lib.centering_topk(obj_lib.gather_topk(logq_BRV, mb.topk_ids_BRK), mb.topk_logp_BRK, obj)
+  pl = obj_lib.policy_loss(
+      logp_BR, mb.prox_logp_BR if obj.needs_prox else None, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
+      norms=norms, centering=centering,
+      ref_logp_BT=mb.ref_logp_BR if obj.needs_ref and obj.kl_placement == "loss" else None,
+      entropy_BT=entropy_BR if obj.needs_entropy else None)
+  num = pl.loss.numerator
+  metrics = dict(pl.metrics)
+  metrics["loss/policy"] = pl.loss
+  metrics["entropy/mean"] = obj_lib.masked_mean(jax.lax.stop_gradient(entropy_BR), mb.mask_BR)
+  if spec.use_value:
+    values_BR = value_head(vparams, hidden_BRD)
+    vl = obj_lib.value_loss(values_BR, mb.old_values_BR, mb.returns_BR, mb.mask_BR, clip=obj.value_clip,
+                            aggregation=obj.aggregation, norms=norms)
+    num = num + obj.value_coef * vl.numerator
+    metrics["loss/value"] = vl
+  ctx = LossContext(params=params, hidden_BRD=hidden_BRD, logp_BR=logp_BR, batch=mb, norms=norms)
+  for name, term in spec.extra_terms:
+    ws = term(ctx)
+    num = num + ws.numerator
+    metrics[f"loss/{name}"] = ws
+  total = obj_lib.WeightedSum(num, pl.loss.denominator)
+  return num, (total, metrics, pl.extrema, pl.counts)
+
+
+def _split_micro(batch: TrainBatch, n_micro: int) -> TrainBatch:
+  return jax.tree.map(lambda x: x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:]), batch)
+
+
+def _combine_extrema(a: dict, b: dict) -> dict:
+  return {k: (jnp.minimum if k.endswith("_min") else jnp.maximum)(a[k], b[k]) for k in a}
+
+
+def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, *, spec: UpdateSpec, tx, vtx):
+  """-> (params, opt_state, vparams, vopt_state, metrics) for one mini-batch."""
+  norms = obj_lib.batch_norms(batch.mask_BR, spec.group_size if spec.objective.aggregation ==
+                              "group_token_mean" else 1, spec.objective)
+  grad_fn = jax.grad(_micro_loss, argnums=(0, 1), has_aux=True)
+  micro = _split_micro(batch, spec.n_micro)
+
+  def body(carry, mb):
+    g_acc, aux_acc = carry
+    (g, vg), aux = grad_fn(params, vparams, mb, norms, spec)
+    g_acc = jax.tree.map(jnp.add, g_acc, (g, vg))
+    total, metrics, extrema, counts = aux
+    a_total, a_metrics, a_extrema, a_counts = aux_acc
+    aux = (a_total + total, jax.tree.map(jnp.add, a_metrics, metrics), _combine_extrema(a_extrema, extrema),
+           jax.tree.map(jnp.add, a_counts, counts))
+    return (g_acc, aux), None
+
+  zeros = jax.tree.map(jnp.zeros_like, (params, vparams))
+  # First micro-batch outside the scan gives the aux structure to accumulate into.
+  first = jax.tree.map(lambda x: x[0], micro)
+  (g0, vg0), aux0 = grad_fn(params, vparams, first, norms, spec)
+  carry = (jax.tree.map(jnp.add, zeros, (g0, vg0)), aux0)
+  if spec.n_micro > 1:
+    rest = jax.tree.map(lambda x: x[1:], micro)
+    carry, _ = jax.lax.scan(body, carry, rest)
+  (grads, vgrads), (total, metrics, extrema, counts) = carry
+
+  loss = total.value()
+  params, opt_state, grad_norm, skipped = guarded_update(tx, grads, opt_state, params, loss)
+  if spec.use_value:
+    vparams, vopt_state, vgrad_norm, vskipped = guarded_update(vtx, vgrads, vopt_state, vparams, loss)
+  out = {k: v.value() for k, v in metrics.items()}
+  out.update(extrema)
+  out.update({f"count/{k}": v for k, v in counts.items()})
+  out["loss/total"] = loss
+  out["grad/norm"] = grad_norm
+  out["update/skipped_nonfinite"] = skipped
+  if spec.use_value:
+    out["grad/value_norm"] = vgrad_norm
+  return params, opt_state, vparams, vopt_state, out
