@@ -28,7 +28,7 @@ def grad_wrt_logp(cfg, r, adv):
   def loss(lp):
     return policy_loss(lp, prox, prox, adv, mask, cfg, norms=None).loss.value()
 
-  return np.asarray(jax.grad(loss)(logp))[:, 0]
+  return np.asarray(jax.jit(jax.grad(loss))(logp))[:, 0]
 
 
 def test_grpo_four_quadrants():

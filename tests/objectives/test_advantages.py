@@ -1,0 +1,116 @@
+"""Advantage estimators, GAE and the clipped value loss, against hand arithmetic."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.objectives import (compute_advantages, gae, get_preset, grpo_advantages, masked_whiten,
+                                  outcome_token_rewards, rloo_advantages, value_loss, whiten)
+
+R = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # G = 4: a mixed group and an all-correct group
+
+
+def test_grpo_ddof_and_zero_variance():
+  # group 1: mean 0.5; ddof=1 std = sqrt(4 * 0.25 / 3) = 0.577350; ddof=0 std = 0.5. group 2: std 0 -> A = 0.
+  a1 = grpo_advantages(R, 4, ddof=1, eps=1e-6)
+  np.testing.assert_allclose(a1[:4], 0.5 / (np.sqrt(1 / 3) + 1e-6) * np.array([1, -1, -1, 1]), rtol=1e-6)
+  a0 = grpo_advantages(R, 4, ddof=0, eps=1e-6)
+  np.testing.assert_allclose(a0[:4], 0.5 / (0.5 + 1e-6) * np.array([1, -1, -1, 1]), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(a1[4:]), np.zeros(4))
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
+def test_singleton_and_constant_groups_give_zero_not_nan(name):
+  cfg = get_preset(name)
+  single = compute_advantages(jnp.array([3.0, -1.0, 2.0]), 1, cfg)
+  np.testing.assert_array_equal(np.asarray(single), np.zeros(3))
+  const = compute_advantages(jnp.array([2.0, 2.0, 2.0, 2.0]), 2, cfg)
+  np.testing.assert_array_equal(np.asarray(const), np.zeros(4))
+
+
+def test_dr_grpo_and_rloo_golden():
+  # Dr. GRPO: [3, 1] - mean 2 = [1, -1].
+  np.testing.assert_allclose(compute_advantages(jnp.array([3.0, 1.0]), 2, get_preset("dr_grpo")), [1.0, -1.0])
+  # RLOO on [1, 0, 0]: 1 - (0+0)/2 = 1; 0 - (1+0)/2 = -0.5 (twice).
+  np.testing.assert_allclose(rloo_advantages(jnp.array([1.0, 0.0, 0.0]), 3), [1.0, -0.5, -0.5])
+
+
+def test_reinforce_pp_global_whitening():
+  # [1, 2, 3, 4]: mean 2.5, unbiased std sqrt(5/3) = 1.290994.
+  got = compute_advantages(jnp.array([1.0, 2.0, 3.0, 4.0]), 2, get_preset("reinforce_pp"))
+  np.testing.assert_allclose(got, (np.array([1, 2, 3, 4]) - 2.5) / (np.sqrt(5 / 3) + 1e-6), rtol=1e-6)
+  # Token-weighted (weights = lengths [1, 3]) on rewards [0, 1]: mean 3/4; var = (0.5625 + 3 * 0.0625) / (4 - 1)
+  # = 0.25 -> std 0.5 -> A = [-0.75, 0.25] / 0.5 = [-1.5, 0.5].
+  np.testing.assert_allclose(whiten(jnp.array([0.0, 1.0]), weights_B=jnp.array([1.0, 3.0]), eps=0.0), [-1.5, 0.5],
+                             rtol=1e-6)
+
+
+def test_reinforce_pp_group_baseline():
+  # [1, 0 | 1, 1] -> group-centred [0.5, -0.5, 0, 0]; mean 0, unbiased std sqrt(0.5 / 3) = 0.408248.
+  got = compute_advantages(jnp.array([1.0, 0.0, 1.0, 1.0]), 2, get_preset("reinforce_pp_baseline"))
+  np.testing.assert_allclose(got, np.array([0.5, -0.5, 0, 0]) / (np.sqrt(0.5 / 3) + 1e-6), rtol=1e-6)
+
+
+def test_raw_and_dispatch():
+  np.testing.assert_array_equal(np.asarray(compute_advantages(R, 4, get_preset("reinforce"))), np.asarray(R))
+  np.testing.assert_allclose(compute_advantages(R, 4, get_preset("grpo")), grpo_advantages(R, 4))
+  with pytest.raises(ValueError, match="advantage='gae' is per token"):
+    compute_advantages(R, 4, get_preset("ppo"))
+  with pytest.raises(ValueError, match="group_size=3 does not divide the batch size 8"):
+    compute_advantages(R, 3, get_preset("grpo"))
+
+
+def _naive_gae(r, v, m, gamma, lam):
+  adv = np.zeros_like(r)
+  for i in range(r.shape[0]):
+    idx = [t for t in range(r.shape[1]) if m[i, t]]
+    next_v, next_a = 0.0, 0.0
+    for t in reversed(idx):
+      delta = r[i, t] + gamma * next_v - v[i, t]
+      next_a = delta + gamma * lam * next_a
+      next_v = v[i, t]
+      adv[i, t] = next_a
+  return adv
+
+
+def test_gae_matches_naive_loop_with_padding():
+  k1, k2 = jax.random.split(jax.random.key(0))
+  mask = jnp.arange(6)[None, :] < jnp.array([6, 4, 1, 0])[:, None]
+  rewards = outcome_token_rewards(jnp.array([1.0, -1.0, 0.5, 2.0]), mask)
+  rewards = rewards + jnp.where(mask, 0.1 * jax.random.normal(k1, mask.shape), 0.0)  # dense shaping
+  values = jax.random.normal(k2, mask.shape)
+  out = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+  want = _naive_gae(np.asarray(rewards, np.float64), np.asarray(values, np.float64), np.asarray(mask), 0.9, 0.8)
+  np.testing.assert_allclose(out.adv_BT, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out.returns_BT, np.where(np.asarray(mask), want + np.asarray(values), 0.0),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_outcome_token_rewards_on_last_token():
+  mask = jnp.array([[1, 1, 0], [1, 1, 1], [0, 0, 0]], bool)
+  got = outcome_token_rewards(jnp.array([2.0, -1.0, 5.0]), mask)
+  np.testing.assert_array_equal(np.asarray(got), [[0, 2.0, 0], [0, 0, -1.0], [0, 0, 0]])
+
+
+def test_masked_whiten():
+  x = jnp.array([[1.0, 3.0], [5.0, 99.0]])
+  mask = jnp.array([[1, 1], [1, 0]], bool)
+  # valid [1, 3, 5]: mean 3, population std sqrt(8/3).
+  want = np.array([[-2, 0], [2, 0]]) / (np.sqrt(8 / 3) + 1e-6)
+  np.testing.assert_allclose(masked_whiten(x, mask), want, rtol=1e-6)
+
+
+def test_clipped_value_loss_golden_and_gradient():
+  v = jnp.array([[1.5, 0.9]])
+  old = jnp.array([[1.0, 1.0]])
+  ret = jnp.array([[2.0, 1.0]])
+  mask = jnp.ones((1, 2), bool)
+  # token 1: max((1.5-2)^2, (1.2-2)^2) = 0.64 (clip binds, no gradient); token 2: 0.01 (inside).
+  # token_mean of 0.5 * [0.64, 0.01] = (0.32 + 0.005) / 2 = 0.1625.
+  out = value_loss(v, old, ret, mask, clip=0.2)
+  assert float(out.value()) == pytest.approx(0.1625, rel=1e-6)
+  g = jax.grad(lambda vv: value_loss(vv, old, ret, mask, clip=0.2).value())(v)
+  np.testing.assert_allclose(g, [[0.0, (0.9 - 1.0) / 2]], atol=1e-7)
+  # No clip: 0.5 * (0.25 + 0.01) / 2 = 0.065.
+  assert float(value_loss(v, old, ret, mask, clip=None).value()) == pytest.approx(0.065, rel=1e-6)
