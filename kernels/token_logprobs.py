@@ -237,11 +237,12 @@ def token_logprobs(hidden_ND, w_DV, targets_N, *, temperature=1.0, mask_N=None,
   See ``gather_logprobs`` for the arguments; ``targets_N`` is (N,) integer.
   Returns ``TokenLogprobs`` with logp of shape (N,).
   """
-  n = getattr(hidden_ND, "shape", (None,))[0]
+  n, _, v = check_hidden_w(hidden_ND, w_DV)
   if getattr(targets_N, "shape", None) != (n,):
     raise ValueError(
         f"targets_N has shape {getattr(targets_N, 'shape', None)}: must be "
         f"({n},) (one target per row of hidden_ND)")
+  check_ids(targets_N, (n,), v, "targets_N", check_mask(mask_N, n))
   out = gather_logprobs(hidden_ND, w_DV, targets_N[:, None],
                         temperature=temperature, mask_N=mask_N, impl=impl,
                         tiles=tiles, interpret=interpret)
