@@ -195,13 +195,35 @@ def weight_str(cfg: ObjectiveConfig) -> str:
   return t if f == "1" else f"{f} * {t}"
 
 
+def defaults_str(cfg: ObjectiveConfig) -> str:
+  """The knobs outside T and f that shape the update: advantage, lambda, KL, value."""
+  out = []
+  if cfg.advantage in ("grpo", "reinforce_pp", "reinforce_pp_baseline"):
+    out.append(f"std ddof={cfg.adv_std_ddof}, eps={_num(cfg.adv_eps)}")
+  if cfg.advantage == "gae":
+    out.append(f"gamma={_num(cfg.gamma)}, lambda={_num(cfg.gae_lambda)}" + (", whitened" if cfg.adv_whiten else ""))
+  if cfg.adv_level == "sequence":
+    out.append("A per answer")
+  if cfg.aggregation == "constant":
+    out.append(f"L_max={cfg.norm_max_len or 'padded T'}")
+  if cfg.kl_coef > 0 or cfg.kl_placement == "reward":
+    out.append(f"KL {cfg.kl_estimator} in {cfg.kl_placement}, beta={_num(cfg.kl_coef)}")
+  if cfg.entropy_coef > 0:
+    out.append(f"entropy bonus {_num(cfg.entropy_coef)}")
+  if cfg.value_coef > 0:
+    clip = "none" if cfg.value_clip is None else _num(cfg.value_clip)
+    out.append(f"value coef {_num(cfg.value_coef)}, clip {clip}")
+  return "; ".join(out) or "-"
+
+
 def method_table(presets: dict[str, ObjectiveConfig] | None = None) -> str:
   """Markdown table of the master equation's knobs, one row per preset."""
   presets = PRESETS if presets is None else presets
   head = ("| method | level | T (trust region) | f (correction) | W = f T | kappa | aggregation (lambda) "
-          "| advantage | notes |")
-  rows = [head, "|" + "---|" * 9]
+          "| advantage | defaults | notes |")
+  rows = [head, "|" + "---|" * 10]
   for name, cfg in presets.items():
     rows.append(f"| {name} | {level_of(cfg)} | {trust_str(cfg)} | {correction_str(cfg)} | {weight_str(cfg)} "
-                f"| {int(cfg.kappa)} | {cfg.aggregation} | {cfg.advantage} | {PRESET_NOTES.get(name, '')} |")
+                f"| {int(cfg.kappa)} | {cfg.aggregation} | {cfg.advantage} | {defaults_str(cfg)} "
+                f"| {PRESET_NOTES.get(name, '')} |")
   return "\n".join(rows)

@@ -84,11 +84,13 @@ def test_policy_loss_bad_inputs():
 def test_method_table_has_one_row_per_preset():
   lines = method_table().splitlines()
   assert len(lines) == 2 + len(PRESETS)
-  assert all(line.count("|") == 10 for line in lines)  # 9 columns, no stray pipes inside cells
+  assert all(line.count("|") == 11 for line in lines)  # 10 columns, no stray pipes inside cells
   row = {line.split("|")[1].strip(): line for line in lines[2:]}
   assert "min(c, 2) * M(r)*r in [0.8, 1.2]" in row["token_tis"]
   assert "1[0.9998 <= cbar_i <= 1.0002]" in row["geo_mis"]
   assert "| 1 | seq_mean_token_sum |" in row["score_centering"]
+  assert "gamma=1, lambda=0.95, whitened; value coef 0.5, clip 0.2" in row["ppo"]
+  assert "KL k1 in reward, beta=0" in row["reinforce_pp"]
 
 
 def test_module_entry_point_prints_the_table():
