@@ -42,6 +42,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.method = method  # objectives preset name: one of jaxrl_llm.objectives.PRESETS
   c.seed = 0  # PRNG seed of init, sampling, data order and the task split
   c.workdir_root = "./runs"  # runs go to <workdir_root>/<method>-<UTC timestamp> unless --workdir is given
+  c.init_checkpoint = ""  # new run's params from a run workdir (newest step) or a HF directory; "" = fresh init
 
   # ---- task and data -------------------------------------------------------
   c.task = ml_collections.ConfigDict()
@@ -136,6 +137,16 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.log.progress = True  # show a progress bar
   c.log.every = 1  # write metrics.jsonl every this many RL steps
   c.log.kl_to_ref = True  # log KL(pi || pi_ref) even when objective.kl_coef = 0 (one extra forward per step)
+
+  # ---- checkpoints and resume (jaxrl_llm/checkpointing) ------------------------
+  # A run whose workdir holds checkpoints resumes from the newest intact one.
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 50  # save every this many RL steps; 0: only at the end (the end is always saved)
+  c.checkpoint.keep_last = 3  # most recent checkpoints kept (>= 1)
+  c.checkpoint.keep_best = 0  # also keep this many best by best_metric; 0 disables
+  c.checkpoint.best_metric = "eval/accuracy"  # metrics key ranking checkpoints (logged when eval.every > 0)
+  c.checkpoint.best_mode = "max"  # max | min: which way best_metric improves
+  c.checkpoint.async_save = True  # write checkpoints in a background thread while training goes on
 
   # ---- teacher (on-policy distillation, SDPO, SRPO, RLSD; jaxrl_llm/training/teacher.py) ----
   c.teacher = ml_collections.ConfigDict()

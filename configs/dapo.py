@@ -8,4 +8,9 @@ from base import get_config as _base  # noqa: E402
 
 
 def get_config():
-  return _base("dapo")
+  c = _base("dapo")
+  # DAPO's data-side changes: dynamic sampling (drop groups whose rewards are
+  # all equal, refill) and the soft overlong penalty over the last 2 tokens.
+  c.filters.dynamic_sampling = True
+  c.filters.overlong_buffer = 2
+  return c

@@ -8,4 +8,8 @@ from base import get_config as _base  # noqa: E402
 
 
 def get_config():
-  return _base("mis_sc")
+  c = _base("mis_sc")
+  # Score Centering's drift term needs the sampler's next-token distribution:
+  # its top-k log-probs (k = 32 matched the full sum in the paper).
+  c.rollout.record_topk = 32
+  return c

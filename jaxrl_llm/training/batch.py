@@ -23,6 +23,7 @@ class TrainBatch:
   old_values_BR: jax.Array  # f32 [B, R] value predictions before the update (PPO); zeros when unused
   topk_ids_BRK: jax.Array  # int32 [B, R, K] mu's top-k ids (Score Centering, top-k form); K = 0 when unused
   topk_logp_BRK: jax.Array  # f32 [B, R, K] log mu at those ids
+  behav_full_BRV: jax.Array  # f32 [B, R, V] log mu over the vocabulary (TRM's token KL); V = 0 when unused
   extra_BR: dict  # name -> f32 [B, R]: extra per-token inputs to the loss (e.g. teacher log-probs)
 
 

@@ -262,6 +262,8 @@ class RunConfig:
   log: LogConfig
   objective: Any  # jaxrl_llm.objectives.ObjectiveConfig
   teacher: Any = None  # jaxrl_llm.training.teacher.TeacherConfig; None: no teacher section
+  checkpoint: Any = None  # jaxrl_llm.checkpointing.CheckpointConfig (when, what to keep)
+  init_checkpoint: str = ""  # new run's params from a run workdir or a HF directory; "" = fresh init
 
   @property
   def mini_batch_size(self) -> int:
@@ -303,9 +305,9 @@ class RunConfig:
     if obj.needs_centering and ro.record_topk < 1:
       _fail("rollout.record_topk", ro.record_topk,
             "Score Centering (objective.kappa=1) needs the sampler's top-k log-probs: set it >= 1")
-    if obj.needs_token_kl:
-      _fail("method", self.method, "TRM needs the per-token full-distribution KL(mu || pi_theta), which "
-            "this trainer does not compute yet; use another method")
+    if obj.needs_token_kl and (ro.top_k or ro.top_p < 1.0):
+      _fail("rollout.top_k", ro.top_k, f"TRM's token KL(mu || pi_theta) is recomputed from the sampler's "
+            f"untruncated distribution: needs top_k=0 and top_p=1 (top_p={ro.top_p})")
     if self.task.name == "file" and not self.data.path:
       _fail("data.path", self.data.path, "task.name='file' needs a .jsonl or .parquet file")
     if self.task.name == "file" and self.sft.steps > 0:
@@ -342,6 +344,8 @@ def from_config_dict(cd) -> RunConfig:
   """Converts a (locked) ml_collections ConfigDict once into a RunConfig."""
   d = cd.to_dict() if hasattr(cd, "to_dict") else dict(cd)
   teacher = _teacher_section(d.pop("teacher")) if "teacher" in d else None
+  checkpoint = _checkpoint_section(d.pop("checkpoint")) if "checkpoint" in d else None
+  init_checkpoint = d.pop("init_checkpoint", "")
   expected = set(_SECTIONS) | {"method", "seed", "workdir_root", "objective"}
   unknown, missing = sorted(set(d) - expected), sorted(expected - set(d))
   if unknown or missing:
@@ -354,7 +358,8 @@ def from_config_dict(cd) -> RunConfig:
       raise ValueError(f"config.{name}: unknown keys {extra}, missing keys {absent}")
     sections[name] = cls(**d[name])
   return RunConfig(method=d["method"], seed=d["seed"], workdir_root=d["workdir_root"],
-                   objective=resolve_objective(d["method"], d["objective"]), teacher=teacher, **sections)
+                   objective=resolve_objective(d["method"], d["objective"]), teacher=teacher,
+                   checkpoint=checkpoint, init_checkpoint=init_checkpoint, **sections)
 
 
 def _teacher_section(block: dict):
@@ -366,3 +371,14 @@ def _teacher_section(block: dict):
   if extra or absent:
     raise ValueError(f"config.teacher: unknown keys {extra}, missing keys {absent}")
   return TeacherConfig(**block)
+
+
+def _checkpoint_section(block: dict):
+  """The checkpoint section as a validated CheckpointConfig (no jax import)."""
+  from jaxrl_llm.checkpointing.config import CheckpointConfig
+
+  fields = {f.name for f in dataclasses.fields(CheckpointConfig)}
+  extra, absent = sorted(set(block) - fields), sorted(fields - set(block))
+  if extra or absent:
+    raise ValueError(f"config.checkpoint: unknown keys {extra}, missing keys {absent}")
+  return CheckpointConfig(**block)

@@ -18,6 +18,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_llm.checkpointing.config import CheckpointConfig
+from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
+from jaxrl_llm.report import write_report_safely
 from jaxrl_llm.training import mesh as mesh_lib
 from jaxrl_llm.training import setup
 from jaxrl_llm.training import teacher as teacher_lib
@@ -141,16 +144,29 @@ class Trainer:
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       json.dump(cfg.to_dict(), f, indent=2, default=str)
     state = self.init_state(jax.random.key(cfg.seed)) if state is None else state
-    state, sft_info = self.warm_start(state)
+    ckpt = RunCheckpoints(self.workdir, cfg.checkpoint or CheckpointConfig(), run_config=cfg,
+                          model_config=self.model_cfg, log=self.log)
+    resuming = ckpt.resume_step() is not None
+    if cfg.init_checkpoint and not resuming:
+      state = ckpt.init_params(state, cfg.init_checkpoint, None)
+    if resuming and not getattr(cfg.teacher, "enabled", False):
+      sft_info = {}  # the warm-started params are in the checkpoint; a teacher may need the warm start again
+    else:
+      state, sft_info = self.warm_start(state)
     state = teacher_lib.attach(self, state)  # the teacher (if any) before the update compiles
     state = self.start_rl(state)
     # -- checkpoint restore point: a saved TrainState replaces `state` here, and
-    #    self.pipeline.set_state(state.data_state) puts the prompt stream back.
-    ev_start = self.evaluate(state)
+    #    the pipeline is put back at state.data_state; the start eval is the saved one.
+    if resuming:
+      state, saved = ckpt.restore(self, state)
+      ev_start, sft_info, history = saved["ev_start"], saved["sft_info"], list(saved.get("history", []))
+    else:
+      ev_start, history = self.evaluate(state), []
+      ckpt.extra.update(ev_start=plain(ev_start), sft_info=plain(sft_info))
     self.log(f"eval (greedy, {ev_start['n']} held-out): accuracy {ev_start['accuracy']:.3f}")
-    writer = MetricsWriter(self.workdir)
+    writer = MetricsWriter(self.workdir, start_step=int(state.step))
     bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.method)
-    history = []
+    self.hooks.append(ckpt.hook)
     try:
       for _ in range(int(state.step), cfg.train.steps):
         state, metrics = rl_step(self, state)
@@ -168,6 +184,8 @@ class Trainer:
       bar.close()
       writer.close()
       self.runner.close()
+      ckpt.mngr.wait()  # a save in flight completes even when a step raised
+    ckpt.finish(state, history[-1] if history else None)
     ev_end = self.evaluate(state)
     self.log(f"eval (greedy, {ev_end['n']} held-out): accuracy {ev_end['accuracy']:.3f}")
     summary = {
@@ -184,6 +202,7 @@ class Trainer:
     }
     with open(os.path.join(self.workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
+    write_report_safely(self.workdir, self.log)
     self.final_state = state
     self.history = history
     return summary

@@ -21,17 +21,31 @@ def _clean(v):
 
 
 class MetricsWriter:
-  def __init__(self, workdir: str):
+  """metrics.jsonl, mirrored to TensorBoard event files in <workdir>/tb.
+
+  start_step: the step the run starts from (0, or the restored checkpoint's):
+  rows after it, left by an earlier process of this workdir, are dropped.
+  """
+
+  def __init__(self, workdir: str, start_step: int = 0, tensorboard: bool = True):
+    from jaxrl_llm.checkpointing.metrics_log import TensorBoardWriter, truncate_metrics
+
     self.path = os.path.join(workdir, "metrics.jsonl")
+    truncate_metrics(self.path, start_step)
     self._f = open(self.path, "a", encoding="utf-8")
+    self._tb = TensorBoardWriter(workdir, resume_step=start_step) if tensorboard else None
 
   def write(self, step: int, metrics: dict) -> None:
     row = {"step": int(step), **{k: _clean(v) for k, v in sorted(metrics.items())}}
     self._f.write(json.dumps(row) + "\n")
     self._f.flush()
+    if self._tb is not None:
+      self._tb.write(step, metrics)
 
   def close(self) -> None:
     self._f.close()
+    if self._tb is not None:
+      self._tb.close()
 
 
 def mean_over_updates(per_update: list[dict]) -> dict:

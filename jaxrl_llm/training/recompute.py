@@ -37,3 +37,32 @@ def policy_logprobs(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, mask_
                                       impl=impl, with_values=with_values)))
   return (np.concatenate([o[0] for o in outs]).astype(np.float32),
           np.concatenate([o[1] for o in outs]).astype(np.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "temperature"))
+def _behaviour_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, model_cfg, temperature):
+  from jaxrl_llm import model as model_lib
+  from jaxrl_llm.training.logprobs import full_logprobs, response_hidden
+
+  hidden_BRD = response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR)
+  return full_logprobs(hidden_BRD, model_lib.lm_head(params, model_cfg), temperature=temperature)
+
+
+def behaviour_distribution(sampler_params, sampling_cfg, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR,
+                           mask_BR, *, chunk: int, sharding=None):
+  """log mu(v | prefix) over the whole vocabulary, [B, R, V] f32 (TRM's per-token
+  KL(mu || pi_theta)): the sampler's params, dtype and temperature, recomputed.
+  Exact when the sampler does not truncate (top_k = 0, top_p = 1)."""
+  from jaxrl_llm.sampling.generate import sampler_model_config
+  from jaxrl_llm.sampling.loop import cast_params
+
+  run_cfg = sampler_model_config(model_cfg, sampling_cfg)
+  params = cast_params(sampler_params, sampling_cfg.dtype)
+  outs = []
+  for s in range(0, tokens_BR.shape[0], chunk):
+    args = (prompt_BP[s:s + chunk], prompt_mask_BP[s:s + chunk], tokens_BR[s:s + chunk], mask_BR[s:s + chunk])
+    if sharding is not None:
+      args = jax.device_put(args, sharding)
+    outs.append(np.asarray(jax.device_get(_behaviour_chunk(params, *args, model_cfg=run_cfg,
+                                                           temperature=sampling_cfg.temperature)), np.float32))
+  return np.concatenate(outs)

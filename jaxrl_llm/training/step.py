@@ -18,7 +18,7 @@ from jaxrl_llm.training import filters as filt
 from jaxrl_llm.training import teacher as teacher_lib
 from jaxrl_llm.training.batch import TrainBatch
 from jaxrl_llm.training.metrics import mean_over_updates
-from jaxrl_llm.training.recompute import policy_logprobs
+from jaxrl_llm.training.recompute import behaviour_distribution, policy_logprobs
 from jaxrl_llm.training.rollout import concat_samples, sample, select_rows
 from jaxrl_llm.training.score import concat_scores, score, select_scores
 from jaxrl_llm.training.state import TrainState
@@ -82,6 +82,10 @@ def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBa
   ref_logp = zeros
   if obj.needs_ref or cfg.log.kl_to_ref:
     ref_logp, _ = policy_logprobs(tr.ref_params(state), state.value_params, *args, **common)
+  behav_full = np.zeros((B, R, 0), np.float32)
+  if obj.needs_token_kl:
+    behav_full = behaviour_distribution(state.sampler_params(), tr.sampling_cfg, tr.model_cfg, *args,
+                                        chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
   t1 = time.time()
   adv_BR, returns_BR = adv_lib.advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
                                           prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
@@ -99,7 +103,7 @@ def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBa
       prompt_BP=samples.prompt_BP, prompt_mask_BP=samples.prompt_mask_BP, tokens_BR=samples.tokens_BR,
       mask_BR=mask_BR, behav_logp_BR=samples.behav_logp_BR, prox_logp_BR=prox_logp, ref_logp_BR=ref_logp,
       adv_BR=adv_BR, returns_BR=returns_BR, old_values_BR=values, topk_ids_BRK=samples.topk_ids_BRK,
-      topk_logp_BRK=samples.topk_logp_BRK, extra_BR={**tr.extra_inputs(state, samples), **teacher_extra})
+      topk_logp_BRK=samples.topk_logp_BRK, behav_full_BRV=behav_full, extra_BR={**tr.extra_inputs(state, samples), **teacher_extra})
   return batch, stats
 
 

@@ -65,13 +65,16 @@ def _micro_loss(params, vparams, mb: TrainBatch, norms, spec: UpdateSpec):
   logp_N, entropy_N = head_logprobs(hidden_BRD.reshape(B * R, D), w_DV, mb.tokens_BR.reshape(B * R),
                                     temperature=spec.temperature, impl=spec.impl)
   logp_BR, entropy_BR = logp_N.reshape(B, R), entropy_N.reshape(B, R)
-  centering = None
-  if obj.needs_centering:
+  centering, kl_BR = None, None
+  if obj.needs_centering or obj.needs_token_kl:
     logq_BRV = full_logprobs(hidden_BRD, w_DV, temperature=spec.temperature)
+  if obj.needs_token_kl:
+    kl_BR = jax.lax.stop_gradient(obj_lib.full_token_kl(mb.behav_full_BRV, logq_BRV))
+  if obj.needs_centering:
     centering = obj_lib.centering_topk(obj_lib.gather_topk(logq_BRV, mb.topk_ids_BRK), mb.topk_logp_BRK, obj)
   pl = obj_lib.policy_loss(
       logp_BR, mb.prox_logp_BR if obj.needs_prox else None, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
-      norms=norms, centering=centering,
+      norms=norms, centering=centering, kl_BT=kl_BR,
       ref_logp_BT=mb.ref_logp_BR if obj.needs_ref and obj.kl_placement == "loss" else None,
       entropy_BT=entropy_BR if obj.needs_entropy else None)
   num = pl.loss.numerator

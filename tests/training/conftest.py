@@ -1,0 +1,40 @@
+"""Helpers shared by the trainer tests: the base config, shrunk for CPU."""
+
+import importlib.util
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(REPO, "configs")
+
+
+def load_config(name: str):
+  """configs/<name>.py's get_config(), loaded the way the entry point does."""
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(CONFIGS, f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+def shrink(c, **overrides):
+  """A tiny model and batch: seconds per step on the CPU."""
+  c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.d_ff = 32, 1, 2, 1, 64
+  c.sft.steps, c.train.steps = 0, 3
+  c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_response_len = 8, 4, 5
+  c.data.max_prompt_len = 8
+  c.eval.n_examples = 8
+  c.task.n_train = 256
+  c.log.progress = False
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+@pytest.fixture
+def quiet_log():
+  return lambda s: None
