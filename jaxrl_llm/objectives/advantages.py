@@ -10,9 +10,11 @@ answers of a prompt in consecutive rows (B = n_prompts * G), and return adv_B:
     reinforce_pp           A_i = (R_i - mean_B) / (std_B + eps)    (global whitening)
     reinforce_pp_baseline  A_i = whiten_B(R_i - mean_g)            (group baseline, then global)
 
-A group of size 1 or with all rewards equal gets A = 0, never NaN. For the
-global whitening, optional `weights_B` (e.g. answer lengths) make the batch
-mean/std token-weighted, as OpenRLHF/verl whiten over tokens when gamma = 1.
+A group of size 1 or with all rewards equal gets A = 0, never NaN. Optional
+`valid_B` drops filtered answers from every statistic (they get A = 0; a group
+left with one valid answer gets 0). For the global whitening, optional
+`weights_B` (e.g. answer lengths) make the batch mean/std token-weighted, as
+OpenRLHF/verl whiten over tokens when gamma = 1.
 
 GAE (PPO with a value function) works per token: `gae`.
 """
@@ -37,6 +39,23 @@ def _groups(rewards_B, group_size: int):
   return rewards_B.astype(jnp.float32).reshape(-1, group_size)
 
 
+def _valid(valid_B, rewards_B):
+  if valid_B is None:
+    return jnp.ones(rewards_B.shape, jnp.float32)
+  if valid_B.shape != rewards_B.shape:
+    raise ValueError(f"valid_B has shape {valid_B.shape}; it must equal rewards_B's shape {rewards_B.shape}")
+  return valid_B.astype(jnp.float32)
+
+
+def _group_stats(rewards_B, group_size, valid_B):
+  """(rewards, validity, valid count, centred rewards) per group, [P, G] / [P, 1]."""
+  r_PG = _groups(rewards_B, group_size)
+  v_PG = _valid(valid_B, rewards_B).reshape(r_PG.shape)
+  n_P1 = jnp.sum(v_PG, axis=1, keepdims=True)
+  mean_P1 = jnp.sum(v_PG * r_PG, axis=1, keepdims=True) / jnp.maximum(n_P1, 1.0)
+  return r_PG, v_PG, n_P1, v_PG * (r_PG - mean_P1)
+
+
 def _std(centred, n, ddof: int):
   """sqrt(sum x^2 / (n - ddof)); 0 when n - ddof <= 0 (singleton groups)."""
   dof = n - ddof
@@ -44,41 +63,36 @@ def _std(centred, n, ddof: int):
   return jnp.where(dof > 0, jnp.sqrt(var), 0.0)
 
 
-def group_mean_baseline(rewards_B, group_size: int):
+def group_mean_baseline(rewards_B, group_size: int, *, valid_B=None):
   """Dr. GRPO: R_i - mean(R_group) (spec 000 eq. 22)."""
-  r_PG = _groups(rewards_B, group_size)
-  return (r_PG - jnp.mean(r_PG, axis=1, keepdims=True)).reshape(-1)
+  return _group_stats(rewards_B, group_size, valid_B)[3].reshape(-1)
 
 
-def grpo_advantages(rewards_B, group_size: int, *, ddof: int = 1, eps: float = 1e-6):
+def grpo_advantages(rewards_B, group_size: int, *, ddof: int = 1, eps: float = 1e-6, valid_B=None):
   """GRPO: (R_i - mean_g) / (std_g + eps) (spec 000 eq. 18).
 
   Zero-variance and singleton groups give exactly 0 (numerator is 0).
   """
   if ddof not in (0, 1):
     raise ValueError(f"ddof={ddof!r} is invalid: allowed values are 0 and 1")
-  r_PG = _groups(rewards_B, group_size)
-  centred = r_PG - jnp.mean(r_PG, axis=1, keepdims=True)
-  return (centred / (_std(centred, group_size, ddof) + eps)).reshape(-1)
+  _, _, n_P1, centred = _group_stats(rewards_B, group_size, valid_B)
+  return (centred / (_std(centred, n_P1, ddof) + eps)).reshape(-1)
 
 
-def rloo_advantages(rewards_B, group_size: int):
-  """RLOO: R_i - mean of the other G-1 rewards (spec 000 eq. 21); 0 when G = 1."""
-  r_PG = _groups(rewards_B, group_size)
-  if group_size == 1:
-    return jnp.zeros(rewards_B.shape, jnp.float32)
-  others = (jnp.sum(r_PG, axis=1, keepdims=True) - r_PG) / (group_size - 1)
-  return (r_PG - others).reshape(-1)
+def rloo_advantages(rewards_B, group_size: int, *, valid_B=None):
+  """RLOO: R_i - mean of the other valid rewards (spec 000 eq. 21); 0 without another."""
+  r_PG, v_PG, n_P1, _ = _group_stats(rewards_B, group_size, valid_B)
+  others = (jnp.sum(v_PG * r_PG, axis=1, keepdims=True) - r_PG) / jnp.maximum(n_P1 - 1.0, 1.0)
+  return jnp.where((n_P1 > 1) & (v_PG > 0), r_PG - others, 0.0).reshape(-1)
 
 
 def whiten(x_B, *, ddof: int = 1, eps: float = 1e-6, weights_B=None):
-  """(x - mean) / (std + eps) over the whole batch, optionally weighted."""
+  """(x - mean) / (std + eps) over the whole batch, optionally weighted.
+
+  Rows of weight 0 are excluded from the statistics and get 0.
+  """
   x = x_B.astype(jnp.float32)
-  if weights_B is None:
-    centred = x - jnp.mean(x)
-    n = x.shape[0]
-    return centred / (_std(centred[None, :], n, ddof)[0, 0] + eps)
-  w = weights_B.astype(jnp.float32)
+  w = jnp.ones_like(x) if weights_B is None else weights_B.astype(jnp.float32)
   total = jnp.sum(w)
   mean = jnp.sum(w * x) / jnp.maximum(total, 1e-30)
   centred = x - mean
@@ -88,25 +102,32 @@ def whiten(x_B, *, ddof: int = 1, eps: float = 1e-6, weights_B=None):
   return jnp.where(w > 0, centred / (std + eps), 0.0)
 
 
-def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, weights_B=None):
-  """Outcome advantages adv_B for `cfg.advantage` (GAE is per token: use `gae`)."""
+def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, valid_B=None, weights_B=None):
+  """Outcome advantages adv_B for `cfg.advantage` (GAE is per token: use `gae`).
+
+  valid_B: answers filtered out (False) count in no statistic and get A = 0.
+  weights_B: per-answer weights of the global whitening of reinforce_pp(_baseline)
+  (e.g. lengths for a token-weighted mean/std); ignored by the group estimators.
+  """
   kind = cfg.advantage
   if kind == "gae":
     raise ValueError("ObjectiveConfig.advantage='gae' is per token: call advantages.gae(token_rewards_BT, "
                      "values_BT, mask_BT, gamma=..., lam=...) instead of compute_advantages")
   r_PG = _groups(rewards_B, group_size)  # validates shape and group size
+  valid = _valid(valid_B, rewards_B)
   if kind == "raw":
-    return r_PG.reshape(-1)
+    return r_PG.reshape(-1) * valid
   if kind == "grpo":
-    return grpo_advantages(rewards_B, group_size, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps)
+    return grpo_advantages(rewards_B, group_size, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, valid_B=valid_B)
   if kind == "dr_grpo":
-    return group_mean_baseline(rewards_B, group_size)
+    return group_mean_baseline(rewards_B, group_size, valid_B=valid_B)
   if kind == "rloo":
-    return rloo_advantages(rewards_B, group_size)
+    return rloo_advantages(rewards_B, group_size, valid_B=valid_B)
+  w = valid if weights_B is None else valid * weights_B.astype(jnp.float32)
   if kind == "reinforce_pp":
-    return whiten(rewards_B, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, weights_B=weights_B)
-  return whiten(group_mean_baseline(rewards_B, group_size), ddof=cfg.adv_std_ddof, eps=cfg.adv_eps,
-                weights_B=weights_B)
+    return whiten(rewards_B, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, weights_B=w)
+  return whiten(group_mean_baseline(rewards_B, group_size, valid_B=valid_B), ddof=cfg.adv_std_ddof,
+                eps=cfg.adv_eps, weights_B=w)
 
 
 def outcome_token_rewards(rewards_B, mask_BT):

@@ -153,12 +153,14 @@ def master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: O
   return MasterWeights(weight_BT=corr * trust, trust_BT=trust, correction_BT=corr, ratios=ratios, diag=diag)
 
 
-def _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, centering, kl_BT, ref_logp_BT,
-                  entropy_BT):
+def _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, norms, centering, kl_BT,
+                  ref_logp_BT, entropy_BT):
   if not isinstance(cfg, ObjectiveConfig):
     raise TypeError(f"cfg must be an ObjectiveConfig, got {type(cfg).__name__}")
   if logp_BT.ndim != 2:
     raise ValueError(f"logp_BT must have shape [B, T], got shape {logp_BT.shape}")
+  if norms is not None and not isinstance(norms, BatchNorms):
+    raise TypeError(f"norms must be a BatchNorms from batch_norms(...) or None, got {type(norms).__name__}")
   shape = logp_BT.shape
   named = {"mask_BT": mask_BT, "behav_logp_BT": behav_logp_BT, "prox_logp_BT": prox_logp_BT,
            "centering": centering, "kl_BT": kl_BT, "ref_logp_BT": ref_logp_BT, "entropy_BT": entropy_BT}
@@ -183,15 +185,16 @@ def policy_loss(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: Obje
   """Master-equation loss (-J) with diagnostics.
 
   logp_BT: log pi_theta(y_t) with gradient; prox_logp_BT: log pi_prox (may be
-  None when `cfg.needs_prox` is False); behav_logp_BT: log mu; adv_BT: [B, T]
+  None when `cfg.needs_prox` is False: then pi_prox := mu, so c = 1 and the
+  r metrics report rho); behav_logp_BT: log mu; adv_BT: [B, T]
   or [B] advantages (treated as constants); mask_BT: valid response tokens.
   norms: `batch_norms` of the full mini-batch (None: this call is the whole
   batch). centering: Score Centering's C_{i,t} (kappa=1). kl_BT: per-token
   KL(mu || pi_theta) for TRM. ref_logp_BT: log pi_ref for an in-loss KL.
   entropy_BT: per-token entropy of pi_theta (with gradient) for the bonus.
   """
-  _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, centering, kl_BT, ref_logp_BT,
-                entropy_BT)
+  _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, norms, centering, kl_BT,
+                ref_logp_BT, entropy_BT)
   sg = jax.lax.stop_gradient
   mask = mask_BT.astype(bool)
   shape = logp_BT.shape

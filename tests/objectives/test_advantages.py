@@ -114,3 +114,23 @@ def test_clipped_value_loss_golden_and_gradient():
   np.testing.assert_allclose(g, [[0.0, (0.9 - 1.0) / 2]], atol=1e-7)
   # No clip: 0.5 * (0.25 + 0.01) / 2 = 0.065.
   assert float(value_loss(v, old, ret, mask, clip=None).value()) == pytest.approx(0.065, rel=1e-6)
+
+
+def test_valid_mask_excludes_filtered_answers():
+  # Group [1, 0, 1, (filtered 7)]: valid n = 3, mean 2/3, centred [1/3, -2/3, 1/3];
+  # unbiased var = (1/9 + 4/9 + 1/9) / 2 = 1/3.
+  r = jnp.array([1.0, 0.0, 1.0, 7.0])
+  valid = jnp.array([True, True, True, False])
+  c = np.array([1 / 3, -2 / 3, 1 / 3, 0.0])
+  np.testing.assert_allclose(compute_advantages(r, 4, get_preset("dr_grpo"), valid_B=valid), c, atol=1e-6)
+  np.testing.assert_allclose(compute_advantages(r, 4, get_preset("grpo"), valid_B=valid),
+                             c / (np.sqrt(1 / 3) + 1e-6), rtol=1e-5, atol=1e-7)
+  # RLOO: 1 - (0 + 1)/2 = 0.5; 0 - (1 + 1)/2 = -1; 0.5; filtered -> 0.
+  np.testing.assert_allclose(compute_advantages(r, 4, get_preset("rloo"), valid_B=valid), [0.5, -1.0, 0.5, 0.0],
+                             atol=1e-6)
+  # One valid answer left in a group: no baseline, A = 0.
+  lone = compute_advantages(jnp.array([1.0, 5.0]), 2, get_preset("rloo"), valid_B=jnp.array([True, False]))
+  np.testing.assert_array_equal(np.asarray(lone), [0.0, 0.0])
+  # Global whitening skips the filtered row: [1, 0, 1] -> mean 2/3, same std as above.
+  got = compute_advantages(r, 2, get_preset("reinforce_pp"), valid_B=valid)
+  np.testing.assert_allclose(got, c / (np.sqrt(1 / 3) + 1e-6), rtol=1e-5, atol=1e-7)

@@ -77,6 +77,8 @@ def test_policy_loss_bad_inputs():
     policy_loss(x, None, x, jnp.zeros(2), mask, get_preset("score_centering"), norms=None)
   with pytest.raises(ValueError, match="ref_logp_BT is None"):
     policy_loss(x, x, x, jnp.zeros(2), mask, get_preset("grpo", kl_coef=0.04), norms=None)
+  with pytest.raises(TypeError, match="norms must be a BatchNorms"):
+    policy_loss(x, x, x, jnp.zeros(2), mask, cfg, norms=3)
   with pytest.raises(TypeError, match="cfg must be an ObjectiveConfig"):
     policy_loss(x, x, x, jnp.zeros(2), mask, "grpo", norms=None)
 

@@ -111,3 +111,25 @@ def test_padding_with_inf_never_leaks():
                                       norms=None).loss.value())(logp)
   assert np.all(np.isfinite(np.asarray(g)))
   assert float(g[0, 1]) == 0.0
+
+
+def test_kl_in_loss_and_entropy_bonus_gradients():
+  """loss = sum lambda [-A W + beta k3 - coef H]: d/dlogp adds beta (1 - e^{ref - logp}) lambda,
+  d/dH is -coef lambda (token_mean over 3 tokens: lambda = 1/3)."""
+  cfg = get_preset("dapo", kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01)
+  logp = jnp.log(jnp.array([[0.5, 0.2, 0.7]]))
+  ref_lp = jnp.log(jnp.array([[0.25, 0.2, 0.9]]))
+  ent = jnp.array([[1.0, 2.0, 0.5]])
+  adv = jnp.array([1.0])
+  mask = jnp.ones((1, 3), bool)
+
+  @jax.jit
+  def f(lp, h):
+    return policy_loss(lp, lp, lp, adv, mask, cfg, norms=None, ref_logp_BT=ref_lp, entropy_BT=h).loss.value()
+
+  g_lp, g_h = jax.grad(f, argnums=(0, 1))(logp, ent)
+  # On-policy r = 1 inside the clip: W = 1, so -A W / 3 from the policy term.
+  ratio = np.array([0.5, 1.0, 0.9 / 0.7])  # ref / pi
+  want = (-1.0 + 0.1 * (1 - ratio)) / 3
+  np.testing.assert_allclose(g_lp, want[None], rtol=1e-5)
+  np.testing.assert_allclose(g_h, np.full((1, 3), -0.01 / 3), rtol=1e-6)
