@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
@@ -50,8 +51,17 @@ def _check_prompts(prompt_tokens_BP, prompt_mask_BP, vocab_size: int) -> None:
                        f"[{int(real.min())}, {int(real.max())}]")
 
 
+def _data_axis_size(mesh: Mesh, data_axis: str | tuple[str, ...]) -> int:
+  names = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
+  missing = [n for n in names if n not in mesh.axis_names]
+  if missing:
+    raise ValueError(f"generate: data_axis {data_axis!r} names {missing}, not axes of the mesh {mesh.axis_names}")
+  return int(np.prod([mesh.shape[n] for n in names]))
+
+
 def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
-             prompt_mask_BP: jax.Array, cfg: SamplingConfig, key: jax.Array) -> Rollout:
+             prompt_mask_BP: jax.Array, cfg: SamplingConfig, key: jax.Array, *,
+             mesh: Mesh | None = None, data_axis: str | tuple[str, ...] = "data") -> Rollout:
   """Samples cfg.n_samples responses for each prompt.
 
   Args:
@@ -66,6 +76,9 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
     cfg: sampling and recording options.
     key: PRNG key; equal keys give equal rollouts. Row b samples with
       fold_in(key, b), so a row's draws do not depend on the rest of the batch.
+    mesh, data_axis: when a mesh is given, the B rows (and the KV cache) are
+      split over its `data_axis` (one name or a tuple); B must divide evenly.
+      The params are used in whatever sharding they arrive in (the model's).
 
   Returns:
     A Rollout with B = B0 * n_samples rows (each prompt's samples consecutive)
@@ -79,6 +92,16 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
   _check_prompts(prompt_tokens_BP, prompt_mask_BP, model_cfg.vocab_size)
   cache_len = cfg.cache_slots(prompt_tokens_BP.shape[1])
   run_cfg = sampler_model_config(model_cfg, cfg)
+  if mesh is not None:
+    shards = _data_axis_size(mesh, data_axis)
+    B0 = prompt_tokens_BP.shape[0]
+    if (B0 * cfg.n_samples) % shards:
+      raise ValueError(f"generate: {B0} prompts x n_samples {cfg.n_samples} = {B0 * cfg.n_samples} rows do not "
+                       f"split evenly over data_axis {data_axis!r} of size {shards}")
+    # Prompts split by rows when they divide evenly, else replicated (the
+    # prefill is then repeated per device and the rows split after it).
+    spec = PartitionSpec(data_axis) if B0 % shards == 0 else PartitionSpec()
+    prompt_tokens_BP, prompt_mask_BP = jax.device_put((prompt_tokens_BP, prompt_mask_BP), NamedSharding(mesh, spec))
   state = prefill(params, prompt_tokens_BP, prompt_mask_BP, key, model_cfg=run_cfg, cfg=cfg,
-                  cache_len=cache_len)
-  return to_rollout(decode(params, state, model_cfg=run_cfg, cfg=cfg), cfg)
+                  cache_len=cache_len, mesh=mesh, data_axis=data_axis)
+  return to_rollout(decode(params, state, model_cfg=run_cfg, cfg=cfg, mesh=mesh, data_axis=data_axis), cfg)

@@ -17,6 +17,7 @@ tokens as an unpadded prompt.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.model import KVCache, forward, init_cache, logits
 from jaxrl_llm.model.config import ModelConfig
@@ -50,6 +52,25 @@ class DecodeState:
   topk_logp_BRK: jax.Array | None  # [B, R, K] f32 or None
   finish_reason_B: jax.Array  # [B] int32 (FINISH_LENGTH until decided)
   length_B: jax.Array  # [B] int32
+
+
+def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: str | tuple[str, ...]) -> DecodeState:
+  """Constrains every per-row buffer to be split over `data_axis` by rows.
+
+  The batch is the only axis the sampler splits: rows are independent, so
+  each device decodes its own rows against its slice of the cache.
+  """
+  if mesh is None:
+    return state
+
+  def rows(x, dim):
+    return lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*([None] * dim), data_axis)))
+
+  changes = {f.name: rows(getattr(state, f.name), 0) for f in dataclasses.fields(state)
+             if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
+  cache = state.cache.replace(k_LBSKH=rows(state.cache.k_LBSKH, 1), v_LBSKH=rows(state.cache.v_LBSKH, 1),
+                              mask_BS=rows(state.cache.mask_BS, 0))
+  return state.replace(cache=cache, **changes)
 
 
 def cast_params(params: dict, dtype: str | None) -> dict:
@@ -124,9 +145,10 @@ def prompt_positions(prompt_mask_BP: jax.Array) -> tuple[jax.Array, jax.Array, j
   return positions_BP, counts_BP[:, -1], last_index_B
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len"))
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len", "mesh", "data_axis"))
 def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array, key: jax.Array,
-            *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int) -> DecodeState:
+            *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int, mesh: Mesh | None = None,
+            data_axis: str | tuple[str, ...] = "data") -> DecodeState:
   """Encodes B0 prompts, repeats them n_samples times, samples token 0."""
   params = cast_params(params, cfg.dtype)
   B0, _ = prompt_tokens_BP.shape
@@ -160,15 +182,16 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
       finish_reason_B=jnp.full((B,), FINISH_LENGTH, jnp.int32),
       length_B=jnp.zeros((B,), jnp.int32),
   )
-  return _record(state, rep(logits_BV), cfg)
+  return shard_rows(_record(shard_rows(state, mesh, data_axis), rep(logits_BV), cfg), mesh, data_axis)
 
 
 # The state is donated and returned: the loop writes the cache and the record
 # buffers in place, where without donation XLA would first copy the
 # [L, B, S, K, H] cache (the sampler's largest buffer) out of the caller's.
-@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"), donate_argnames=("state",))
-def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig,
-           cfg: SamplingConfig) -> DecodeState:
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "data_axis"),
+                   donate_argnames=("state",))
+def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: SamplingConfig,
+           mesh: Mesh | None = None, data_axis: str | tuple[str, ...] = "data") -> DecodeState:
   """Runs the decode loop until every row has finished or R tokens are out."""
   params = cast_params(params, cfg.dtype)
   R = cfg.max_new_tokens
@@ -183,7 +206,7 @@ def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig,
     hidden_B1D, cache = forward(params, model_cfg, s.last_B[:, None], positions_B1,
                                 s.active_B[:, None], s.cache)
     logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
-    return _record(s.replace(cache=cache), logits_BV, cfg)
+    return shard_rows(_record(s.replace(cache=cache), logits_BV, cfg), mesh, data_axis)
 
   return lax.while_loop(cond, body, state)
 

@@ -82,11 +82,24 @@ def process_logits(logits_BV: jax.Array, *, temperature: float, top_k: int = 0,
 def sample_from_logp(keys_B: jax.Array, logp_BV: jax.Array) -> jax.Array:
   """One token per row from log mu, row b drawn with its own key keys_B[b].
 
+  Inverse-CDF sampling: one uniform u per row, the token is the first id
+  whose cumulative mass exceeds u * total. It needs B random numbers per
+  step where the Gumbel-max trick needs B x V (the larger cost on a CPU), and
+  ids of zero mass (truncated away) can never be drawn: their cumulative mass
+  equals their predecessor's.
+
   Per-row keys make a row's sample independent of which other rows share the
-  batch (batched == one-by-one for a given row key). Greedy needs no key: the
-  point mass puts every Gumbel-perturbed maximum on the argmax.
+  batch (batched == one-by-one for a given row key).
   """
-  return jax.vmap(jax.random.categorical)(keys_B, logp_BV).astype(jnp.int32)
+  p_BV = jnp.exp(logp_BV.astype(jnp.float32))
+  cdf_BV = jnp.cumsum(p_BV, axis=-1)
+  u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
+  target_B1 = (u_B * cdf_BV[:, -1])[:, None]
+  above_BV = cdf_BV > target_B1
+  # u * total rounding up to the total (probability ~2^-24) would leave no id
+  # above it; the most likely id stands in for that case.
+  return jnp.where(jnp.any(above_BV, axis=-1), jnp.argmax(above_BV, axis=-1),
+                   jnp.argmax(logp_BV, axis=-1)).astype(jnp.int32)
 
 
 def gather_logp(logp_BV: jax.Array, ids_B: jax.Array) -> jax.Array:

@@ -14,7 +14,7 @@ def tiny_model(**overrides):
   base = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
               qkv_bias=True, init_std=0.3)
   cfg = ModelConfig.tiny(VOCAB, **{**base, **overrides})
-  params = init_params(cfg, jax.random.key(0))
+  params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
   # Non-zero biases, so the q/k/v bias path is exercised too.
   layers = dict(params["layers"])
   for i, name in enumerate(("bq_LNH", "bk_LKH", "bv_LKH")):
