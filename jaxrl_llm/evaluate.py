@@ -88,3 +88,173 @@ def summarize(o: EvalOutcomes, ks: tuple[int, ...] = ()) -> dict[str, float]:
     for k in ks:
       out[f"pass@{k}"] = pass_at_k(o.sampled_correct_PN, k)
   return out
+
+
+# ---------------------------------------------------------------------------
+# The entry point: evaluate saved checkpoints of a run.
+#
+#   python -m jaxrl_llm.evaluate --workdir=DIR [--step=N | --all_steps]
+#       [--config=configs/x.py ...] [--data=held_out.jsonl] [--n_samples=8 --k=1,4,8]
+#
+# The run's own resolved config (<workdir>/config.json) is used unless
+# --config is given. Greedy decoding follows the trainer's end-of-run eval
+# (training/evaluation.py: same batches, padding and key), so pass@1_greedy of
+# the final step equals the eval_accuracy_end it logged.
+
+SAMPLE_KEY_SEED = 1  # PRNG seed of the sampled answers (greedy needs none)
+
+
+def load_run_config(workdir: str, config_override=None):
+  """The RunConfig: from a --config ConfigDict, else the workdir's config.json."""
+  import json  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+
+  from jaxrl_llm.training.config import from_config_dict  # pylint: disable=import-outside-toplevel
+  if config_override is not None:
+    return from_config_dict(config_override)
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"no config.json in {workdir}: expected the workdir of a training run, "
+        "or pass --config=configs/<method>.py")
+  with open(path) as f:
+    return from_config_dict(json.load(f))
+
+
+def greedy_outcomes(trainer, params, examples, batch_size: int = 256):
+  """Per-example greedy outcomes, batched exactly as training/evaluation.py does."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from jaxrl_llm.training.data import encode_prompts  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training.rollout import sample, sampling_config  # pylint: disable=import-outside-toplevel
+  cfg = trainer.cfg
+  scfg = sampling_config(cfg.rollout, trainer.tokenizer, greedy=True)
+  bs = min(batch_size, len(examples))
+  bs = -(-bs // trainer.eval_pad) * trainer.eval_pad
+  cols = {"correct": [], "reward": [], "length": [], "truncated": []}
+  for s in range(0, len(examples), bs):
+    chunk = list(examples[s:s + bs])
+    n_real = len(chunk)
+    chunk += [chunk[-1]] * (bs - n_real)
+    pb = encode_prompts(trainer.tokenizer, chunk, cfg.data.max_prompt_len, cfg.data.chat_template)
+    smp = sample(params, trainer.model_cfg, pb, scfg, jax.random.key(0), trainer.tokenizer,
+                 trainer.batch_sharding)
+    rb = trainer.runner(smp.prompts[:n_real], smp.responses[:n_real], smp.answers[:n_real])
+    cols["correct"].append(rb.correct_B)
+    cols["reward"].append(rb.reward_B)
+    cols["length"].append(smp.length_B[:n_real])
+    cols["truncated"].append(smp.truncated_B[:n_real])
+  c = {k: np.concatenate(v) for k, v in cols.items()}
+  # correct_B is the verifier's score in [0, 1]; the trainer's accuracy is its mean.
+  return c["correct"], c["reward"], c["length"], c["truncated"]
+
+
+def sampled_correct(trainer, params, examples, n_samples: int, batch_prompts: int = 64):
+  """[P, n_samples] verifier scores of sampled answers (the run's temperature, top-k, top-p)."""
+  import dataclasses as dc  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from jaxrl_llm.training.data import encode_prompts  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training.rollout import sample, sampling_config  # pylint: disable=import-outside-toplevel
+  cfg = trainer.cfg
+  scfg = dc.replace(sampling_config(cfg.rollout, trainer.tokenizer), n_samples=n_samples,
+                    record_topk=0)
+  bs = -(-min(batch_prompts, len(examples)) // trainer.eval_pad) * trainer.eval_pad
+  key = jax.random.key(SAMPLE_KEY_SEED)
+  rows = []
+  for i, s in enumerate(range(0, len(examples), bs)):
+    chunk = list(examples[s:s + bs])
+    n_real = len(chunk)
+    chunk += [chunk[-1]] * (bs - n_real)
+    pb = encode_prompts(trainer.tokenizer, chunk, cfg.data.max_prompt_len, cfg.data.chat_template)
+    smp = sample(params, trainer.model_cfg, pb, scfg, jax.random.fold_in(key, i),
+                 trainer.tokenizer, trainer.batch_sharding)
+    keep = n_real * n_samples
+    rb = trainer.runner(smp.prompts[:keep], smp.responses[:keep], smp.answers[:keep])
+    rows.append(rb.correct_B.reshape(n_real, n_samples))
+  return np.concatenate(rows)
+
+
+def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path: str = "",
+                   n_samples: int = 0, ks: tuple[int, ...] = (), log=print) -> dict[int, dict]:
+  """{step: summary} for the given steps (None: the newest intact step; "all": every step)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from jaxrl_llm.checkpointing import CheckpointManager  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.checkpointing.init import checkpoint_dir  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training.loop import Trainer  # pylint: disable=import-outside-toplevel
+  for k in ks:
+    if not 1 <= k <= n_samples:
+      raise ValueError(f"--k={k}: expected 1 <= k <= --n_samples={n_samples}")
+  cfg = load_run_config(workdir, config_override)
+  trainer = Trainer(cfg, workdir, log=log)
+  target = trainer.init_state(jax.random.key(cfg.seed)).params
+  mngr = CheckpointManager(checkpoint_dir(workdir), model_config=trainer.model_cfg,
+                           read_only=True)
+  if data_path:
+    from jaxrl_llm.tasks.files import load_examples  # pylint: disable=import-outside-toplevel
+    examples = load_examples(data_path, cfg.data.prompt_key, cfg.data.answer_key)
+  else:
+    examples = trainer.eval_examples
+  todo = mngr.all_steps() if steps == "all" else [steps]
+  out = {}
+  for step in todo:
+    found, params = mngr.restore_subtree("params", target, step)
+    correct, reward, length, truncated = greedy_outcomes(trainer, params, examples)
+    sampled = sampled_correct(trainer, params, examples, n_samples) if n_samples else None
+    out[found] = summarize(EvalOutcomes(correct, reward, length, truncated, sampled), ks)
+    log(f"step {found}: " + ", ".join(f"{k} {v:.4g}" for k, v in out[found].items()))
+  trainer.runner.close()
+  return out
+
+
+def format_table(results: dict[int, dict]) -> str:
+  cols = list(next(iter(results.values())))
+  head = ["step"] + cols
+  lines = [head] + [[str(s)] + [f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])
+                                for c in cols] for s, r in sorted(results.items())]
+  widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+  return "\n".join("  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in lines)
+
+
+def main(argv):
+  import json  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  del argv
+  f = flags.FLAGS
+  if f.all_steps and f.step is not None:
+    raise ValueError("--step and --all_steps exclude each other: pick one")
+  steps = "all" if f.all_steps else f.step
+  ks = tuple(int(k) for k in f.k) if f.k else ()
+  results = evaluate_steps(f.workdir, steps, config_override=f.config, data_path=f.data,
+                           n_samples=f.n_samples, ks=ks)
+  print(format_table(results))
+  out = f.out
+  if not out:
+    name = "curve.json" if steps == "all" else f"step_{next(iter(results))}.json"
+    out = os.path.join(f.workdir, "eval", name)
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as fh:
+    json.dump({"workdir": f.workdir, "data": f.data or "held-out split",
+               "steps": {str(s): r for s, r in sorted(results.items())}}, fh, indent=2)
+  print(f"written to {out}")
+
+
+if __name__ == "__main__":
+  from absl import app, flags  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  flags.DEFINE_string("workdir", None, "the run's workdir")
+  flags.DEFINE_integer("step", None, "step to evaluate; default: the newest intact step")
+  flags.DEFINE_bool("all_steps", False, "evaluate every saved step (a curve)")
+  config_flags.DEFINE_config_file("config", None, "a configs/<method>.py file; default: "
+                                  "the run's config.json", lock_config=True)
+  flags.DEFINE_string("data", "", "a JSONL/parquet file of held-out rows; default: the "
+                      "run's held-out split")
+  flags.DEFINE_integer("n_samples", 0, "sampled answers per prompt for pass@k / mean@k; 0: greedy only")
+  flags.DEFINE_list("k", [], "k values of pass@k (each <= n_samples)")
+  flags.DEFINE_string("out", "", "output JSON; default <workdir>/eval/step_<N>.json or curve.json")
+  flags.mark_flag_as_required("workdir")
+  app.run(main)

@@ -10,6 +10,7 @@ change here; a panel with no matching metric says so instead of vanishing.
 """
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -30,17 +31,20 @@ class Panel:
 
 
 PANELS = (
-    Panel("Reward (train samples)", (r"^reward(/|_)?mean$", r"^reward$", r"^rollout/reward_mean$"),
-          "mean reward"),
-    Panel("Eval accuracy (held-out, greedy)", (r"^eval/(accuracy|pass@1)", r"^eval_accuracy$"),
-          "accuracy"),
-    Panel("KL to reference", (r"(^|/)kl(_to_ref|/mean|_mean)?$", r"^kl/"), "KL"),
-    Panel("Entropy", (r"(^|/)entropy(/mean|_mean)?$",), "nats / token"),
-    Panel("Clip and mask fractions", (r"clip_frac", r"mask_frac", r"clipfrac",
-                                      r"masked_frac"), "fraction", max_series=6),
-    Panel("Response length", (r"(^|/)(response_len|response_length|length)(/mean|_mean)?$",),
+    Panel("Reward and accuracy (train samples)",
+          (r"^reward/mean$", r"^reward/accuracy$", r"^reward(_mean)?$"), "per sample"),
+    Panel("Eval accuracy (held-out, greedy)", (r"^eval/accuracy$", r"^eval/pass@1",
+                                               r"^eval_accuracy$"), "accuracy"),
+    Panel("KL to reference", (r"^kl/ref$", r"(^|/)kl(_to_ref)?$"), "KL (nats / token)"),
+    Panel("Entropy", (r"^entropy/mean$", r"(^|/)entropy$"), "nats / token"),
+    Panel("Clip and mask fractions", (r"^trust/clip_frac$", r"^correction/masked_frac$",
+                                      r"^filter/overlong_masked_frac$", r"clip_frac$",
+                                      r"mask(ed)?_frac$"), "fraction of tokens", max_series=5),
+    Panel("Response length", (r"^response/length_mean$", r"(^|/)(response_)?length(_mean|/mean)?$"),
           "tokens"),
 )
+# summary.json fields drawn as eval points at step 0 and at the last step.
+SUMMARY_EVAL = (("eval_accuracy_start", 0), ("eval_accuracy_end", None))
 
 
 def matching_keys(rows: Sequence[dict], panel: Panel) -> list[str]:
@@ -107,6 +111,9 @@ def draw(runs: Sequence[tuple[str, list[dict]]], out_path: str) -> str:
                   ls=styles[ki % 4] if overlay else "-",
                   label=name + (f" (avg {window})" if window > 1 else ""))
         drawn += 1
+    if panel is PANELS[1]:
+      drawn += _draw_summary_eval(ax, runs, colors, overlay)
+    ax.yaxis.get_major_formatter().set_useOffset(False)
     ax.set_title(panel.title, fontsize=12)
     ax.set_xlabel("RL step")
     ax.set_ylabel(panel.ylabel)
@@ -124,6 +131,26 @@ def draw(runs: Sequence[tuple[str, list[dict]]], out_path: str) -> str:
   return out_path
 
 
+def _draw_summary_eval(ax, runs, colors, overlay) -> int:
+  """The start / end greedy eval of summary.json (rows with key "summary")."""
+  drawn = 0
+  for ri, (label, rows) in enumerate(runs):
+    summary = next((r["summary"] for r in rows if "summary" in r), None)
+    if not summary:
+      continue
+    last = max((r.get("step", 0) for r in rows if "step" in r), default=0)
+    pts = [(last if at is None else at, summary[k]) for k, at in SUMMARY_EVAL
+           if isinstance(summary.get(k), (int, float))]
+    if pts:
+      s, v = zip(*pts)
+      ax.plot(s, v, marker="s", ms=8, ls=":", color=colors[ri % len(colors)],
+              label=(f"{label}: " if overlay else "") + "start / end eval (summary.json)")
+      for x, y in pts:
+        ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+      drawn += 1
+  return drawn
+
+
 def load_run(workdir: str) -> tuple[str, list[dict]]:
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
@@ -132,6 +159,10 @@ def load_run(workdir: str) -> tuple[str, list[dict]]:
   rows = read_metrics(path)
   if not rows:
     raise ValueError(f"{path} holds no metrics rows yet")
+  summary_path = os.path.join(workdir, "summary.json")
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      rows.append({"summary": json.load(f)})
   return os.path.basename(os.path.normpath(workdir)), rows
 
 
@@ -147,6 +178,17 @@ def write_report(workdirs: Sequence[str], out_path: str | None = None) -> str:
       parent = os.path.commonpath([os.path.abspath(w) for w in workdirs])
       out_path = os.path.join(parent, "compare.png")
   return draw(runs, out_path)
+
+
+def write_report_safely(workdir: str, log=print) -> str | None:
+  """The end-of-run report; a plotting failure is logged, never fatal to the run."""
+  try:
+    path = write_report([workdir])
+  except Exception as e:  # pylint: disable=broad-except
+    log(f"report: not written ({type(e).__name__}: {e})")
+    return None
+  log(f"report: {path}")
+  return path
 
 
 def main(argv):

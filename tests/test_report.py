@@ -1,5 +1,6 @@
 """The report PNG: panels find their metrics, overlays work, bad input is named."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,30 +9,32 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import report
-from jaxrl_llm.checkpointing.metrics_log import MetricsWriter
 
 
 def fake_run(workdir, seed, steps=40):
   rng = np.random.default_rng(seed)
-  w = MetricsWriter(str(workdir), tensorboard=False)
+  os.makedirs(workdir)
+  f = open(os.path.join(workdir, "metrics.jsonl"), "w")
   for s in range(1, steps + 1):
     m = {"reward/mean": 0.3 + 0.5 * s / steps + 0.05 * rng.standard_normal(),
-         "kl": 0.001 * s, "entropy": 1.5 - s / steps, "pg/clip_frac": 0.1,
-         "is/mask_frac": 0.02, "response_length/mean": 6.0 - s / 20,
+         "kl/ref": 0.001 * s, "entropy/mean": 1.5 - s / steps, "trust/clip_frac": 0.1,
+         "correction/masked_frac": 0.02, "response/length_mean": 6.0 - s / 20,
          "time/step_s": 0.7}
     if s in (1, steps // 2, steps):
       m["eval/accuracy"] = 0.2 + 0.5 * s / steps
-    w.write(s, m)
-  w.close()
+    f.write(json.dumps({"step": s, **m}) + "\n")
+  f.close()
 
 
-def test_panels_match_expected_metrics():
-  rows = [{"step": 1, "reward/mean": 1.0, "eval/accuracy": 0.5, "kl": 0.1,
-           "entropy": 2.0, "pg/clip_frac": 0.1, "is/mask_frac": 0.0,
-           "response_length/mean": 5.0, "time/step_s": 1.0, "name": "x"}]
-  found = {p.title: report.matching_keys(rows, p) for p in report.PANELS}
-  assert list(found.values()) == [["reward/mean"], ["eval/accuracy"], ["kl"], ["entropy"],
-                                  ["pg/clip_frac", "is/mask_frac"], ["response_length/mean"]]
+def test_panels_match_the_trainer_metric_names():
+  rows = [{"step": 1, "reward/mean": 1.0, "reward/accuracy": 0.5, "eval/accuracy": 0.5,
+           "kl/ref": 0.1, "kl/prox_behav": 0.0, "entropy/mean": 2.0, "trust/clip_frac": 0.1,
+           "correction/masked_frac": 0.0, "response/length_mean": 5.0,
+           "response/truncated_frac": 0.1, "time/step_s": 1.0, "name": "x"}]
+  found = [report.matching_keys(rows, p) for p in report.PANELS]
+  assert found == [["reward/mean", "reward/accuracy"], ["eval/accuracy"], ["kl/ref"],
+                   ["entropy/mean"], ["trust/clip_frac", "correction/masked_frac"],
+                   ["response/length_mean"]]
 
 
 def test_smooth_is_a_trailing_mean():
@@ -42,6 +45,8 @@ def test_smooth_is_a_trailing_mean():
 def test_report_single_and_overlay(tmp_path):
   fake_run(tmp_path / "gspo", 0)
   fake_run(tmp_path / "grpo", 1)
+  with open(tmp_path / "gspo" / "summary.json", "w") as f:
+    json.dump({"eval_accuracy_start": 0.2, "eval_accuracy_end": 0.7}, f)
   out = report.write_report([str(tmp_path / "gspo")])
   assert out == os.path.join(tmp_path, "gspo", "report.png")
   assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

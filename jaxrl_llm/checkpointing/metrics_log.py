@@ -1,4 +1,5 @@
-"""Run metrics on disk: `<workdir>/metrics.jsonl` plus TensorBoard event files.
+"""Run metrics on disk: reading and cutting back `<workdir>/metrics.jsonl`,
+and the TensorBoard event files beside it.
 
 A resumed run first cuts metrics.jsonl back to the restored step (rows written
 after the checkpoint by the killed process are dropped, and so is a partial
@@ -9,6 +10,7 @@ the run had never stopped.
 import json
 import math
 import os
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -56,48 +58,28 @@ def truncate_metrics(path: str, step: int) -> int:
   return len(rows)
 
 
-class MetricsWriter:
-  """Appends one JSON row per step to metrics.jsonl and mirrors numbers to TensorBoard.
+class TensorBoardWriter:
+  """Mirrors each metrics row's finite numbers to TensorBoard event files.
 
-  resume_step: when resuming, the restored step; later rows are dropped first.
-  enabled: False on non-primary hosts (they write nothing).
+  Sits beside the trainer's metrics.jsonl writer (training/metrics.py).
+  resume_step: when resuming, events after it (written by the killed process)
+  are purged.
   """
 
-  def __init__(self, workdir: str, *, resume_step: int | None = None,
-               tensorboard: bool = True, enabled: bool = True):
-    self.path = os.path.join(workdir, METRICS_FILE)
-    self.enabled = enabled
-    self._f = self._tb = None
-    if not enabled:
-      return
-    os.makedirs(workdir, exist_ok=True)
-    if resume_step is not None:
-      truncate_metrics(self.path, resume_step)
-    elif os.path.exists(self.path):
-      os.remove(self.path)  # a fresh run in a reused workdir starts a fresh log
-    self._f = open(self.path, "a")
-    if tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      purge = None if resume_step is None else resume_step + 1
-      self._tb = SummaryWriter(os.path.join(workdir, TB_DIR), purge_step=purge)
+  def __init__(self, workdir: str, *, resume_step: int | None = None):
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    purge = None if resume_step is None else resume_step + 1
+    # A unique file per writer: tensorboardX names files by the second, and a
+    # quick restart would otherwise reopen (and truncate) the previous file.
+    self._tb = SummaryWriter(os.path.join(workdir, TB_DIR), purge_step=purge,
+                             filename_suffix=f".{os.getpid()}.{time.time_ns()}")
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-    if not self.enabled:
-      return
-    row = {"step": int(step)}
-    row.update({k: _plain(v) for k, v in metrics.items()})
-    self._f.write(json.dumps(row) + "\n")
-    self._f.flush()
-    if self._tb is not None:
-      for k, v in row.items():
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) \
-            and math.isfinite(v):
-          self._tb.add_scalar(k, v, global_step=int(step))
+    for k, v in metrics.items():
+      v = _plain(v)
+      if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        self._tb.add_scalar(k, v, global_step=int(step))
+    self._tb.flush()
 
   def close(self) -> None:
-    if self._f is not None:
-      self._f.close()
-      self._f = None
-    if self._tb is not None:
-      self._tb.close()
-      self._tb = None
+    self._tb.close()

@@ -1,0 +1,107 @@
+"""Checkpoints of a training run: resume, periodic and final saves, init from saved params.
+
+`RunCheckpoints` is what the trainer's loop talks to (training/loop.py):
+  * `resume_step()`: the newest saved step in <workdir>/checkpoints, or None;
+  * `restore(trainer, state)`: the saved TrainState (params, optimizer state,
+    value head, reference params, the sampler-lag buffer, PRNG key, step) in
+    place of `state`, the prompt pipeline put back at its saved position, and
+    the run-level JSON saved beside it (start eval, SFT info, step history);
+  * `hook(trainer, state, metrics)`: after every RL step, saves every
+    `checkpoint.every_steps` steps;
+  * `finish(trainer, state)`: saves the final step and waits for the writes;
+  * `init_params(trainer, state)`: `init_checkpoint` for a new run.
+"""
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxrl_llm.checkpointing import init as init_lib
+from jaxrl_llm.checkpointing.config import CheckpointConfig
+from jaxrl_llm.checkpointing.manager import CheckpointManager, to_jsonable
+
+CHECKPOINT_SUBDIR = init_lib.CHECKPOINT_SUBDIR
+# TrainState fields that are host-side metadata, saved as JSON rather than arrays.
+_HOST_FIELDS = ("data_state",)
+
+
+def state_tree(state) -> dict:
+  """The array fields of a TrainState as a plain dict (Orbax's native structure)."""
+  return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)
+          if f.name not in _HOST_FIELDS}
+
+
+def plain(obj: Any) -> Any:
+  """numpy / jax scalars inside dicts and lists -> Python int / float (JSON-exact)."""
+  if isinstance(obj, dict):
+    return {k: plain(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [plain(v) for v in obj]
+  if isinstance(obj, np.generic) or (hasattr(obj, "shape") and obj.shape == ()):
+    return np.asarray(obj).item()
+  return obj
+
+
+def json_row(metrics: dict) -> dict:
+  """A metrics dict with numpy / jax scalars as Python floats (JSON-exact)."""
+  out = {}
+  for k, v in metrics.items():
+    try:
+      out[k] = float(np.asarray(v))
+    except (TypeError, ValueError):
+      out[k] = str(v)
+  return out
+
+
+class RunCheckpoints:
+  """Save / resume for one run in `workdir` (see the module docstring)."""
+
+  def __init__(self, workdir: str, cfg: CheckpointConfig, *, run_config: Any,
+               model_config: Any, log: Callable[[str], None] = print):
+    self.cfg, self.log, self.model_config = cfg, log, model_config
+    self.run_config = to_jsonable(run_config)
+    self.mngr = CheckpointManager(os.path.join(workdir, CHECKPOINT_SUBDIR), cfg,
+                                  model_config=model_config)
+    # Run-level JSON saved with every step: what a resumed run cannot recompute.
+    self.extra: dict = {}
+
+  def resume_step(self) -> int | None:
+    return self.mngr.latest_step()
+
+  def init_params(self, state, path: str, step: int | None):
+    """`state` with its params read from `path` (a run's workdir or a HF directory)."""
+    from jaxrl_llm.checkpointing.init import init_params  # pylint: disable=import-outside-toplevel
+    params, source = init_params(path, state.params, self.model_config, step=step)
+    self.log(f"init_checkpoint: params from {source}")
+    return state.replace(params=params)
+
+  def restore(self, trainer, state):
+    """(restored state, saved extra JSON); the trainer's pipeline is repositioned."""
+    r = self.mngr.restore(state_tree(state))
+    for step, why in r.skipped:
+      self.log(f"checkpoint step {step} is damaged ({why}); used step {r.step} instead")
+    state = state.replace(**r.state, data_state=r.data_state)
+    trainer.pipeline.set_state(r.data_state)
+    self.extra = dict(r.meta.get("extra") or {})
+    self.log(f"resumed from checkpoint step {r.step} in {self.mngr.directory}")
+    return state, self.extra
+
+  def save(self, state, metrics: dict | None = None) -> None:
+    self.mngr.save(int(state.step), state_tree(state), data_state=state.data_state,
+                   config=self.run_config, extra=self.extra,
+                   metrics=None if metrics is None else json_row(metrics))
+
+  def hook(self, trainer, state, metrics: dict) -> None:
+    """Trainer step hook: records the step's metrics, saves when due."""
+    del trainer
+    self.extra.setdefault("history", []).append(json_row(metrics))
+    if self.mngr.should_save(int(state.step)):
+      self.save(state, metrics)
+
+  def finish(self, state, metrics: dict | None = None) -> None:
+    """Saves the final step (unless just saved) and waits for every write."""
+    if self.mngr.should_save(int(state.step), final=True):
+      self.save(state, metrics)
+    self.mngr.close()
