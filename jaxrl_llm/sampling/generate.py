@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm.model.sharding import BATCH_AXES
+
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.loop import decode, prefill, to_rollout
@@ -51,17 +53,21 @@ def _check_prompts(prompt_tokens_BP, prompt_mask_BP, vocab_size: int) -> None:
                        f"[{int(real.min())}, {int(real.max())}]")
 
 
-def _data_axis_size(mesh: Mesh, data_axis: str | tuple[str, ...]) -> int:
+def _resolve_data_axis(mesh: Mesh, data_axis) -> tuple[str, ...]:
+  """data_axis as a tuple of mesh axis names; None: the model's batch axes
+  (model.sharding.BATCH_AXES) that the mesh has."""
+  if data_axis is None:
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
   names = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
   missing = [n for n in names if n not in mesh.axis_names]
-  if missing:
-    raise ValueError(f"generate: data_axis {data_axis!r} names {missing}, not axes of the mesh {mesh.axis_names}")
-  return int(np.prod([mesh.shape[n] for n in names]))
+  if missing or not names:
+    raise ValueError(f"generate: data_axis={data_axis!r} must name axes of the mesh {mesh.axis_names}")
+  return names
 
 
 def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
              prompt_mask_BP: jax.Array, cfg: SamplingConfig, key: jax.Array, *,
-             mesh: Mesh | None = None, data_axis: str | tuple[str, ...] = "data") -> Rollout:
+             mesh: Mesh | None = None, data_axis: str | tuple[str, ...] | None = None) -> Rollout:
   """Samples cfg.n_samples responses for each prompt.
 
   Args:
@@ -77,8 +83,9 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
     key: PRNG key; equal keys give equal rollouts. Row b samples with
       fold_in(key, b), so a row's draws do not depend on the rest of the batch.
     mesh, data_axis: when a mesh is given, the B rows (and the KV cache) are
-      split over its `data_axis` (one name or a tuple); B must divide evenly.
-      The params are used in whatever sharding they arrive in (the model's).
+      split over its `data_axis` (one name or a tuple; None: the model's
+      batch axes, data x fsdp); B must divide evenly. The params are used in
+      whatever sharding they arrive in (model.sharding.shard_params).
 
   Returns:
     A Rollout with B = B0 * n_samples rows (each prompt's samples consecutive)
@@ -93,7 +100,8 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
   cache_len = cfg.cache_slots(prompt_tokens_BP.shape[1])
   run_cfg = sampler_model_config(model_cfg, cfg)
   if mesh is not None:
-    shards = _data_axis_size(mesh, data_axis)
+    data_axis = _resolve_data_axis(mesh, data_axis)
+    shards = int(np.prod([mesh.shape[a] for a in data_axis]))
     B0 = prompt_tokens_BP.shape[0]
     if (B0 * cfg.n_samples) % shards:
       raise ValueError(f"generate: {B0} prompts x n_samples {cfg.n_samples} = {B0 * cfg.n_samples} rows do not "
@@ -103,5 +111,5 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
     spec = PartitionSpec(data_axis) if B0 % shards == 0 else PartitionSpec()
     prompt_tokens_BP, prompt_mask_BP = jax.device_put((prompt_tokens_BP, prompt_mask_BP), NamedSharding(mesh, spec))
   state = prefill(params, prompt_tokens_BP, prompt_mask_BP, key, model_cfg=run_cfg, cfg=cfg,
-                  cache_len=cache_len, mesh=mesh, data_axis=data_axis)
-  return to_rollout(decode(params, state, model_cfg=run_cfg, cfg=cfg, mesh=mesh, data_axis=data_axis), cfg)
+                  cache_len=cache_len, mesh=mesh, data_axis=data_axis or ())
+  return to_rollout(decode(params, state, model_cfg=run_cfg, cfg=cfg, mesh=mesh, data_axis=data_axis or ()), cfg)

@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.model import KVCache, forward, init_cache, logits
 from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.sharding import LOGICAL_RULES
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.processors import gather_logp, process_logits, sample_from_logp
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
@@ -54,21 +55,25 @@ class DecodeState:
   length_B: jax.Array  # [B] int32
 
 
-def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: str | tuple[str, ...]) -> DecodeState:
-  """Constrains every per-row buffer to be split over `data_axis` by rows.
+def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: tuple[str, ...]) -> DecodeState:
+  """Constrains every per-row buffer to be split by rows over `data_axis`.
 
-  The batch is the only axis the sampler splits: rows are independent, so
-  each device decodes its own rows against its slice of the cache.
+  Rows are independent, so each device decodes its own rows against its slice
+  of the cache; the cache's kv-heads follow the model's rule (tensor axis),
+  as in model.sharding.cache_sharding.
   """
   if mesh is None:
     return state
 
-  def rows(x, dim):
-    return lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*([None] * dim), data_axis)))
+  def rows(x, dim, *rest):
+    return lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*([None] * dim), data_axis, *rest)))
 
+  kv_axis = LOGICAL_RULES["kv_heads"]
+  kv_axis = kv_axis if kv_axis in mesh.axis_names else None
   changes = {f.name: rows(getattr(state, f.name), 0) for f in dataclasses.fields(state)
              if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
-  cache = state.cache.replace(k_LBSKH=rows(state.cache.k_LBSKH, 1), v_LBSKH=rows(state.cache.v_LBSKH, 1),
+  cache = state.cache.replace(k_LBSKH=rows(state.cache.k_LBSKH, 1, None, kv_axis, None),
+                              v_LBSKH=rows(state.cache.v_LBSKH, 1, None, kv_axis, None),
                               mask_BS=rows(state.cache.mask_BS, 0))
   return state.replace(cache=cache, **changes)
 
@@ -148,7 +153,7 @@ def prompt_positions(prompt_mask_BP: jax.Array) -> tuple[jax.Array, jax.Array, j
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len", "mesh", "data_axis"))
 def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array, key: jax.Array,
             *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int, mesh: Mesh | None = None,
-            data_axis: str | tuple[str, ...] = "data") -> DecodeState:
+            data_axis: tuple[str, ...] = ()) -> DecodeState:
   """Encodes B0 prompts, repeats them n_samples times, samples token 0."""
   params = cast_params(params, cfg.dtype)
   B0, _ = prompt_tokens_BP.shape
@@ -191,7 +196,7 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "data_axis"),
                    donate_argnames=("state",))
 def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: SamplingConfig,
-           mesh: Mesh | None = None, data_axis: str | tuple[str, ...] = "data") -> DecodeState:
+           mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
   """Runs the decode loop until every row has finished or R tokens are out."""
   params = cast_params(params, cfg.dtype)
   R = cfg.max_new_tokens

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_llm.model.sharding import MeshConfig, make_mesh, shard_params
 from jaxrl_llm.sampling import loop
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.generate import generate
@@ -176,18 +177,20 @@ def test_bad_input(model, change, match):
 
 
 def test_sharded_over_data_axis_equals_unsharded(model):
-  """Rows split over an 8-device data axis give the unsharded tokens and log mu."""
+  """On a (data 2, fsdp 2, tensor 2) mesh with params in the model's sharding,
+  rows split over data x fsdp give the unsharded tokens and log mu."""
   cfg_m, params = model
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("data",))
+  mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
   prompt_BP, pmask_BP = pad_prompts(PROMPTS, "mixed")
   cfg = SamplingConfig(temperature=0.9, top_p=0.9, max_new_tokens=R, n_samples=2, record_raw_logp=True)
   plain = generate(params, cfg_m, prompt_BP, pmask_BP, cfg, jax.random.key(3))
-  sharded = generate(params, cfg_m, prompt_BP, pmask_BP, cfg, jax.random.key(3), mesh=mesh, data_axis="data")
-  assert sharded.tokens_BR.sharding.spec[0] == "data"
+  sharded = generate(shard_params(params, cfg_m, mesh), cfg_m, prompt_BP, pmask_BP, cfg, jax.random.key(3), mesh=mesh)
+  assert sharded.tokens_BR.sharding.spec[0] == ("data", "fsdp")
   assert len(sharded.tokens_BR.sharding.device_set) == 8
   np.testing.assert_array_equal(sharded.tokens_BR, plain.tokens_BR)
   np.testing.assert_allclose(sharded.behav_logp_BR, plain.behav_logp_BR, atol=1e-5)
   np.testing.assert_allclose(sharded.raw_logp_BR, plain.raw_logp_BR, atol=1e-5)
-  with pytest.raises(ValueError, match=r"12 rows do not split evenly over data_axis 'data' of size 8"):
-    generate(params, cfg_m, prompt_BP, pmask_BP, SamplingConfig(max_new_tokens=R, n_samples=3),
-             jax.random.key(3), mesh=mesh)
+  with pytest.raises(ValueError, match=r"3 rows do not split evenly over data_axis \('data', 'fsdp'\) of size 4"):
+    generate(params, cfg_m, prompt_BP[:3], pmask_BP[:3], SamplingConfig(max_new_tokens=R), jax.random.key(3), mesh=mesh)
+  with pytest.raises(ValueError, match=r"data_axis='rows' must name axes of the mesh"):
+    generate(params, cfg_m, prompt_BP, pmask_BP, cfg, jax.random.key(3), mesh=mesh, data_axis="rows")
