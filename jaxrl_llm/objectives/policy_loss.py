@@ -81,8 +81,10 @@ def master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: O
   sg = jax.lax.stop_gradient
   shape = logp_BT.shape
   mask = mask_BT.astype(bool)
-  lp, behav, adv = sg(logp_BT), sg(behav_logp_BT), sg(adv_BT)
-  prox = behav if prox_logp_BT is None else sg(prox_logp_BT)
+  # Ratios in float32 whatever the log-prob dtype: a bf16 log-ratio is off by ~1%.
+  f32 = lambda x: sg(x).astype(jnp.float32)  # noqa: E731
+  lp, behav, adv = f32(logp_BT), f32(behav_logp_BT), f32(adv_BT)
+  prox = behav if prox_logp_BT is None else f32(prox_logp_BT)
   ratios = token_ratios(lp, prox, behav, log_clamp=cfg.log_ratio_clamp)
   false = jnp.zeros(shape, bool)
   diag = {k: false for k in _DIAG_KEYS}

@@ -9,7 +9,7 @@ import pytest
 
 import objectives_reference as ref
 from jaxrl_llm.objectives import (entropy_from_logits, fold_kl_into_rewards, full_token_kl, get_preset, kl_penalty,
-                                  policy_loss)
+                                  master_weights, policy_loss)
 from jaxrl_llm.objectives import ratios, weights
 
 
@@ -133,3 +133,16 @@ def test_kl_in_loss_and_entropy_bonus_gradients():
   want = (-1.0 + 0.1 * (1 - ratio)) / 3
   np.testing.assert_allclose(g_lp, want[None], rtol=1e-5)
   np.testing.assert_allclose(g_h, np.full((1, 3), -0.01 / 3), rtol=1e-6)
+
+
+def test_bf16_log_probs_give_float32_weights():
+  cfg = get_preset("token_tis")
+  lp = jnp.log(jnp.array([[0.5, 0.25]])).astype(jnp.bfloat16)
+  prox = (lp.astype(jnp.float32) - 0.1).astype(jnp.bfloat16)
+  mw = jax.jit(master_weights, static_argnums=5)(lp, prox, prox - 1.0, jnp.ones((1, 2)), jnp.ones((1, 2), bool),
+                                                 cfg)
+  assert mw.weight_BT.dtype == jnp.float32
+  # c = e^1 > C = 2 -> f = 2; r = e^{0.1} inside [0.8, 1.2] (bf16 inputs, ratio in float32).
+  r = np.exp(np.asarray(lp, np.float32) - np.asarray(prox, np.float32))
+  assert np.all((r > 0.8) & (r < 1.2))
+  np.testing.assert_allclose(mw.weight_BT, 2 * r, rtol=1e-6)
