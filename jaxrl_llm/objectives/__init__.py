@@ -1,10 +1,27 @@
 """objectives: pure functions of the master equation (spec 002), plus presets.
 
 Sign convention: every loss here is minimised, loss = -J.
+
+One RL update with a named method:
+
+    cfg = get_preset("dapo", eps_high=0.3)           # ObjectiveConfig (data)
+    adv_B = compute_advantages(rewards_B, G, cfg)     # or gae(...) for PPO / SAO
+    norms = batch_norms(mask_BT, G, cfg)              # once, on the FULL mini-batch
+    for micro-batch k:                                 # and on every host
+      out = policy_loss(logp_BT, prox_logp_BT, behav_logp_BT, adv_B, mask_BT, cfg, norms=norms)
+      grads += jax.grad(lambda p: policy_loss(...).loss.numerator)(params)
+
+`out.loss.numerator` is the micro-batch's exact share of the full-batch loss,
+so summed gradients are the full-batch gradient; `sum(num) / sum(den)` over
+micro-batches is the loss (aggregation.py). `cfg.needs_prox`,
+`needs_token_kl`, `needs_centering`, `needs_ref`, `needs_entropy` say which
+optional inputs the method uses. `python -m jaxrl_llm.objectives` prints the
+method table.
 """
 
 from jaxrl_llm.objectives.advantages import (
     GAEResult,
+    group_mean_baseline,
     compute_advantages,
     gae,
     grpo_advantages,
@@ -30,7 +47,8 @@ from jaxrl_llm.objectives.kl import (
     kl_penalty,
     kl_token_rewards,
 )
-from jaxrl_llm.objectives.policy_loss import MasterWeights, PolicyLoss, master_weights, policy_loss
+from jaxrl_llm.objectives.policy_loss import (MasterWeights, PolicyLoss, master_weights, policy_loss,
+                                             sequence_advantage)
 from jaxrl_llm.objectives.presets import PRESETS, get_preset, method_table
 from jaxrl_llm.objectives.ratios import TokenRatios, token_ratios
 from jaxrl_llm.objectives.score_centering import centering_exact, centering_topk, gather_topk
