@@ -1,5 +1,7 @@
 """token_logprobs / gather_logprobs vs the plain-jnp reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,18 +27,29 @@ def _value_and_grad(op, targets_N, mask_N, temperature, **kw):
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
 
 
+def _case(dtype):
+  hidden_ND, w_DV = random_inputs(0, dtype)
+  targets_N = jax.random.randint(jax.random.key(1), (N,), 0, V)
+  return hidden_ND, w_DV, targets_N, ragged_mask()
+
+
+@functools.cache
+def _reference(dtype):
+  """Computed once per dtype and shared by both implementations' tests."""
+  hidden_ND, w_DV, targets_N, mask_N = _case(dtype)
+  return _value_and_grad(token_logprobs_reference, targets_N, mask_N,
+                         0.7)(hidden_ND, w_DV)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
                          ids=["f32", "bf16"])
 @pytest.mark.parametrize("kw", IMPLS)
 def test_forward_and_grad_match_reference(kw, dtype):
-  hidden_ND, w_DV = random_inputs(0, dtype)
-  targets_N = jax.random.randint(jax.random.key(1), (N,), 0, V)
-  mask_N = ragged_mask()
+  hidden_ND, w_DV, targets_N, mask_N = _case(dtype)
   tol = TOLERANCES[dtype]
   (_, out), grads = _value_and_grad(token_logprobs, targets_N, mask_N, 0.7,
                                     tiles=TILES, **kw)(hidden_ND, w_DV)
-  (_, ref), ref_grads = _value_and_grad(token_logprobs_reference, targets_N,
-                                        mask_N, 0.7)(hidden_ND, w_DV)
+  (_, ref), ref_grads = _reference(dtype)
   for name in ("logp", "entropy", "lse"):
     assert_close(getattr(out, name), getattr(ref, name), tol["fwd"], name)
   assert_close(grads[0], ref_grads[0], tol["grad"], "d hidden")

@@ -1,5 +1,7 @@
 """vocab_topk vs the plain-jnp reference (lax.top_k over full logits)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,18 +22,27 @@ def _value_and_grad(op, cot_NK, mask_N, **kw):
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
 
 
+def _case(dtype):
+  hidden_ND, w_DV = random_inputs(10, dtype)
+  cot_NK = jax.random.normal(jax.random.key(11), (N, K))
+  return hidden_ND, w_DV, cot_NK, ragged_mask()
+
+
+@functools.cache
+def _reference(dtype):
+  hidden_ND, w_DV, cot_NK, mask_N = _case(dtype)
+  return _value_and_grad(vocab_topk_reference, cot_NK, mask_N)(hidden_ND, w_DV)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
                          ids=["f32", "bf16"])
 @pytest.mark.parametrize("kw", IMPLS)
 def test_forward_and_grad_match_reference(kw, dtype):
-  hidden_ND, w_DV = random_inputs(10, dtype)
-  cot_NK = jax.random.normal(jax.random.key(11), (N, K))
-  mask_N = ragged_mask()
+  hidden_ND, w_DV, cot_NK, mask_N = _case(dtype)
   tol = TOLERANCES[dtype]
   (_, out), grads = _value_and_grad(vocab_topk, cot_NK, mask_N, tiles=TILES,
                                     **kw)(hidden_ND, w_DV)
-  (_, ref), ref_grads = _value_and_grad(vocab_topk_reference, cot_NK,
-                                        mask_N)(hidden_ND, w_DV)
+  (_, ref), ref_grads = _reference(dtype)
   np.testing.assert_array_equal(out.ids, ref.ids)
   assert out.ids.dtype == jnp.int32
   assert_close(out.logp, ref.logp, tol["fwd"], "logp")
@@ -42,8 +53,9 @@ def test_forward_and_grad_match_reference(kw, dtype):
 
 def test_k_equal_v_is_the_sorted_log_softmax():
   hidden_ND, w_DV = random_inputs(12, jnp.float32, n=3, v=40)
-  out = vocab_topk(hidden_ND, w_DV, k=40, impl="xla_chunked",
-                   tiles=TILES.__class__(chunk_v=16))
+  out = jax.jit(lambda h, w: vocab_topk(h, w, k=40, impl="xla_chunked",
+                                        tiles=TILES.__class__(chunk_v=16)))(
+                                            hidden_ND, w_DV)
   logp_NV = np.asarray(jax.nn.log_softmax(hidden_ND @ w_DV, axis=-1))
   order = np.argsort(-logp_NV, axis=-1, kind="stable")
   np.testing.assert_array_equal(out.ids, order)
