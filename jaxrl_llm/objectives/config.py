@@ -125,6 +125,9 @@ class ObjectiveConfig:
       _positive("dual_clip_c", self.dual_clip_c)
       if self.dual_clip_c <= 1:
         raise _bad("dual_clip_c", self.dual_clip_c, "must be > 1 (Ye et al. use 3) or None")
+      if self.trust_region != "ppo" and self.correction != "ppo":
+        raise _bad("dual_clip_c", self.dual_clip_c,
+                   "dual-clip bounds a PPO mask: needs trust_region='ppo' or correction='ppo' (else None)")
     for field in ("truncate_cap", "is_cap", "band_high", "dppo_delta", "log_ratio_clamp"):
       _positive(field, getattr(self, field))
     if isinstance(self.band_low, bool) or not isinstance(self.band_low, (int, float)) or self.band_low < 0:
