@@ -120,8 +120,12 @@ PRESET_NOTES: dict[str, str] = {
 }
 
 
-def get_preset(name: str, **overrides) -> ObjectiveConfig:
-  """The preset `name` (case-insensitive), with knobs overridden and re-validated."""
+def get_preset(name: str, /, **overrides) -> ObjectiveConfig:
+  """The preset `name` (case-insensitive), with knobs overridden and re-validated.
+
+  `name` is positional-only, so every field, `name` included, can be overridden
+  (`get_preset(m, **dataclasses.asdict(cfg))` round-trips).
+  """
   key = name.lower() if isinstance(name, str) else name
   if key not in PRESETS:
     raise ValueError(f"unknown method {name!r}: allowed names are {sorted(PRESETS)}")

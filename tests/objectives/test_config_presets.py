@@ -1,5 +1,6 @@
 """ObjectiveConfig validation, the preset registry and the generated method table."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -33,6 +34,8 @@ def test_registry_names_and_paper_defaults():
 
 def test_get_preset_overrides_and_errors():
   assert get_preset("DAPO", eps_high=0.3).eps_high == 0.3
+  for name, cfg in PRESETS.items():  # every knob, name included, round-trips
+    assert get_preset(name, **dataclasses.asdict(cfg)) == cfg
   with pytest.raises(ValueError, match=r"unknown method 'grpoo': allowed names are \[.*'grpo'"):
     get_preset("grpoo")
   with pytest.raises(ValueError, match=r"unknown ObjectiveConfig field\(s\) \['epsilon'\]"):
