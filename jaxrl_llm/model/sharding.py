@@ -1,0 +1,155 @@
+"""Mesh and sharding rules: mesh axes declared once, one table from logical
+axes to mesh axes (the maxtext pattern).
+
+Mesh axes: "data" (pure data parallel: params replicated), "fsdp" (batch is
+split over it too, and every large param is split along its model dim D),
+"tensor" (heads, kv-heads, the MLP hidden dim and the vocabulary are split).
+Any axis may be 1. The batch is split over data x fsdp.
+
+State is built with eval_shape -> shardings -> jit(out_shardings), so no
+param is ever materialised unsharded (`init_sharded_params`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.params import init_params, param_axes, param_shapes
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis -> mesh axis (None: replicated). The one place sharding is decided.
+LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": BATCH_AXES,
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "head_dim": None,
+    "layers": None,
+    "norm": None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Mesh shape; data * fsdp * tensor must equal the number of devices."""
+  data: int = 1
+  fsdp: int = 1
+  tensor: int = 1
+
+  def __post_init__(self):
+    for name in MESH_AXES:
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"MeshConfig.{name} must be a positive int, got {value!r}")
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    return (self.data, self.fsdp, self.tensor)
+
+
+def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:
+  """A (data, fsdp, tensor) mesh over all devices (all processes' devices)."""
+  devices = jax.devices() if devices is None else list(devices)
+  size = math.prod(mesh_cfg.shape)
+  if size != len(devices):
+    raise ValueError(
+        f"MeshConfig data*fsdp*tensor = {mesh_cfg.data}*{mesh_cfg.fsdp}*{mesh_cfg.tensor} = "
+        f"{size} must equal the number of devices ({len(devices)})")
+  # jax.make_mesh orders devices for the physical topology (ICI rings on TPU).
+  return jax.make_mesh(mesh_cfg.shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                       devices=devices)
+
+
+def logical_to_spec(axes: tuple[str | None, ...]) -> P:
+  """PartitionSpec for a tuple of logical axis names, via LOGICAL_RULES."""
+  out = []
+  for name in axes:
+    if name is not None and name not in LOGICAL_RULES:
+      raise ValueError(f"unknown logical axis {name!r}; known: {sorted(LOGICAL_RULES)}")
+    out.append(None if name is None else LOGICAL_RULES[name])
+  return P(*out)
+
+
+def check_divisible(cfg: ModelConfig, mesh: Mesh) -> None:
+  """Every sharded model dim must divide by its mesh axis; error names the field."""
+  sizes = dict(mesh.shape)
+  checks = (("n_heads", cfg.n_heads, "heads"), ("n_kv_heads", cfg.n_kv_heads, "kv_heads"),
+            ("d_ff", cfg.d_ff, "mlp"), ("vocab_size", cfg.vocab_size, "vocab"),
+            ("d_model", cfg.d_model, "embed"))
+  for field, value, logical in checks:
+    axis = LOGICAL_RULES[logical]
+    n = sizes[axis] if axis is not None else 1
+    if value % n:
+      raise ValueError(
+          f"ModelConfig.{field}={value} is not divisible by the '{axis}' mesh axis of size {n} "
+          f"(mesh {dict(sizes)})")
+
+
+def param_specs(cfg: ModelConfig) -> dict:
+  """PartitionSpec tree matching the params."""
+  return jax.tree.map(logical_to_spec, param_axes(cfg),
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
+  """NamedSharding tree matching the params (raises if a dim does not divide)."""
+  check_divisible(cfg, mesh)
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), param_specs(cfg),
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def init_sharded_params(cfg: ModelConfig, key: jax.Array, mesh: Mesh) -> dict:
+  """init_params placed straight into its shardings (never whole on one device)."""
+  shardings = param_shardings(cfg, mesh)
+  return jax.jit(functools.partial(init_params, cfg), out_shardings=shardings)(key)
+
+
+def shard_params(params: dict, cfg: ModelConfig, mesh: Mesh) -> dict:
+  """Move existing (e.g. single-device) params onto the mesh."""
+  return jax.device_put(params, param_shardings(cfg, mesh))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Leading axis over data x fsdp, the rest replicated (tokens_BT, mask_BT, ...)."""
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def cache_sharding(cfg: ModelConfig, mesh: Mesh):
+  """Shardings for a KVCache: batch over data x fsdp, kv-heads over tensor."""
+  from jaxrl_llm.model.cache import KVCache
+  check_divisible(cfg, mesh)
+  kv = NamedSharding(mesh, P(None, BATCH_AXES, None, LOGICAL_RULES["kv_heads"], None))
+  return KVCache(k_LBSKH=kv, v_LBSKH=kv, mask_BS=batch_sharding(mesh, 2),
+                 index=replicated(mesh))
+
+
+def unsharded_params(cfg: ModelConfig, mesh: Mesh, min_size: int = 1) -> list[str]:
+  """Names of params of >= min_size elements that no mesh axis of size > 1 splits."""
+  sizes = dict(mesh.shape)
+  out = []
+  shapes = param_shapes(cfg)
+  specs = param_specs(cfg)
+  flat_specs = dict(jax.tree_util.tree_flatten_with_path(
+      specs, is_leaf=lambda x: isinstance(x, P))[0])
+  for path, shape in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+    spec = flat_specs[path]
+    axes = [a for entry in spec if entry is not None
+            for a in (entry if isinstance(entry, tuple) else (entry,))]
+    if np.prod(shape.shape) >= min_size and all(sizes[a] == 1 for a in axes):
+      out.append(jax.tree_util.keystr(path))
+  return out
