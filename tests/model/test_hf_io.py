@@ -1,0 +1,167 @@
+"""Hugging Face checkpoint import/export: bit-exact round trips, sharded
+checkpoints, loading into a mesh, and errors before any compute."""
+
+import functools
+import json
+import os
+import shutil
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from jaxrl_llm.model.hf_io import load_hf, read_hf_config, save_hf
+from jaxrl_llm.model.sharding import MeshConfig, make_mesh, param_shardings
+
+from conftest import VOCAB, build_hf_model
+
+
+def _tensors(path):
+  """name -> raw numpy array over every safetensors file in path."""
+  out = {}
+  for fname in sorted(os.listdir(path)):
+    if fname.endswith(".safetensors"):
+      with safe_open(os.path.join(path, fname), framework="numpy") as f:
+        out.update({k: f.get_tensor(k) for k in f.keys()})
+  return out
+
+
+def _assert_bit_exact(src, dst, skip=()):
+  a, b = _tensors(src), _tensors(dst)
+  assert set(a) - set(skip) == set(b)
+  for name in b:
+    assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+    assert a[name].tobytes() == b[name].tobytes(), f"{name} differs"
+
+
+def _torch_logits(path, tokens):
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+  with torch.no_grad():
+    return model.eval()(input_ids=torch.tensor(tokens)).logits.float().numpy()
+
+
+TOKENS = [[3, 17, 42, 5, 88, 1, 60]]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+def test_round_trip_is_bit_exact_and_loads_in_transformers(hf_dirs, tmp_path, family):
+  src = hf_dirs[family]
+  params, cfg = load_hf(src)
+  save_hf(params, cfg, str(tmp_path), base_config=read_hf_config(src))
+  _assert_bit_exact(src, tmp_path)
+  np.testing.assert_array_equal(_torch_logits(str(tmp_path), TOKENS), _torch_logits(src, TOKENS))
+
+
+def test_bf16_round_trip_with_bf16_and_f32_params(tmp_path):
+  src = tmp_path / "src"
+  build_hf_model("qwen2", seed=3).to(torch.bfloat16).save_pretrained(src)
+  params, cfg = load_hf(str(src))
+  assert cfg.param_dtype == "bfloat16" and params["embed_VD"].dtype == ml_dtypes.bfloat16
+  save_hf(params, cfg, str(tmp_path / "out16"))
+  _assert_bit_exact(src, tmp_path / "out16")
+  # Widening to f32 for training and narrowing back on export loses nothing.
+  params32, cfg32 = load_hf(str(src), param_dtype="float32")
+  assert params32["embed_VD"].dtype == np.float32 and cfg32.compute_dtype == "float32"
+  save_hf(params32, cfg32, str(tmp_path / "out32"), dtype="bfloat16")
+  _assert_bit_exact(src, tmp_path / "out32")
+  assert json.loads((tmp_path / "out32" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_sharded_checkpoints_in_and_out(hf_dirs, tmp_path):
+  src = tmp_path / "sharded_src"
+  build_hf_model("llama", seed=0).save_pretrained(src, max_shard_size="40KB")
+  assert (src / "model.safetensors.index.json").exists()
+  params, cfg = load_hf(str(src))
+  single, _ = load_hf(hf_dirs["llama"])  # same seed, one file
+  jax.tree.map(np.testing.assert_array_equal, params, single)
+  out = tmp_path / "sharded_out"
+  save_hf(params, cfg, str(out), max_shard_bytes=50_000)
+  index = json.loads((out / "model.safetensors.index.json").read_text())
+  assert len(set(index["weight_map"].values())) > 1
+  _assert_bit_exact(src, out)
+  np.testing.assert_array_equal(_torch_logits(str(out), TOKENS), _torch_logits(str(src), TOKENS))
+
+
+def test_load_straight_into_mesh_shardings(hf_dirs):
+  mesh = make_mesh(MeshConfig(2, 2, 2))
+  params, cfg = load_hf(hf_dirs["qwen3"], shardings=functools.partial(param_shardings, mesh=mesh))
+  plain, _ = load_hf(hf_dirs["qwen3"])
+  shardings = param_shardings(cfg, mesh)
+  for got, want, sharding in zip(jax.tree.leaves(params), jax.tree.leaves(plain),
+                                 jax.tree.leaves(shardings)):
+    assert got.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_tokenizer_files_are_copied(hf_dirs, tmp_path):
+  tok_dir = tmp_path / "tok"
+  tok_dir.mkdir()
+  (tok_dir / "tokenizer.json").write_text('{"fake": 1}')
+  (tok_dir / "tokenizer_config.json").write_text('{"chat_template": "x"}')
+  params, cfg = load_hf(hf_dirs["qwen2"])
+  save_hf(params, cfg, str(tmp_path / "out"), tokenizer_dir=str(tok_dir))
+  assert (tmp_path / "out" / "tokenizer.json").read_text() == '{"fake": 1}'
+  assert (tmp_path / "out" / "tokenizer_config.json").exists()
+
+
+# -- errors before any compute ---------------------------------------------------
+
+
+def _copy(src, dst):
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _edit_config(path, **changes):
+  cfg = json.loads((path / "config.json").read_text())
+  cfg.update(changes)
+  (path / "config.json").write_text(json.dumps(cfg))
+
+
+def _edit_tensors(path, fn):
+  tensors = load_file(path / "model.safetensors")
+  fn(tensors)
+  save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(architectures=["GPT2LMHeadModel"], model_type="gpt2"), "unsupported architecture"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    (dict(use_sliding_window=True), "use_sliding_window"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
+     "rope type 'yarn'"),
+    (dict(num_attention_heads=3), "n_kv_heads"),
+])
+def test_bad_config_is_refused(hf_dirs, tmp_path, changes, match):
+  path = _copy(hf_dirs["qwen2"], tmp_path / "bad")
+  _edit_config(path, **changes)
+  with pytest.raises(ValueError, match=match):
+    load_hf(str(path))
+
+
+def test_missing_misshaped_and_unexpected_tensors_are_named(hf_dirs, tmp_path):
+  missing = _copy(hf_dirs["qwen2"], tmp_path / "missing")
+  _edit_tensors(missing, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
+  with pytest.raises(ValueError, match=r"missing tensor 'model.layers.1.self_attn.k_proj.bias'"):
+    load_hf(str(missing))
+
+  shaped = _copy(hf_dirs["qwen2"], tmp_path / "shaped")
+  _edit_tensors(shaped, lambda t: t.update({"model.layers.0.mlp.up_proj.weight":
+                                            np.zeros((95, 64), np.float32)}))
+  with pytest.raises(ValueError, match=r"'model.layers.0.mlp.up_proj.weight' has shape "
+                                       r"\(95, 64\), expected \(96, 64\)"):
+    load_hf(str(shaped))
+
+  extra = _copy(hf_dirs["qwen2"], tmp_path / "extra")
+  _edit_tensors(extra, lambda t: t.update({"model.layers.2.mlp.up_proj.weight":
+                                           np.zeros((96, 64), np.float32)}))
+  with pytest.raises(ValueError, match=r"unexpected tensors .*model.layers.2.mlp.up_proj"):
+    load_hf(str(extra))
+
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    load_hf(str(tmp_path))
