@@ -47,11 +47,12 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   # ---- task and data -------------------------------------------------------
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"  # arithmetic | countdown | file (prompts from data.path)
-  c.task.digits = 2  # arithmetic: operand size in decimal digits
+  c.task.digits = 2  # arithmetic: first operand size in decimal digits
+  c.task.digits2 = 1  # arithmetic: second operand size in decimal digits; 0: same as task.digits
   c.task.ops = "+"  # arithmetic: operators drawn, a subset of "+-*"
   c.task.n_numbers = 3  # countdown: numbers to combine
   c.task.max_number = 9  # countdown: numbers drawn from [1, max_number]
-  c.task.eval_fraction = 0.1  # share of the problem space (or of the file's rows) held out for eval
+  c.task.eval_fraction = 0.2  # share of the problem space (or of the file's rows) held out for eval
   c.task.n_train = 20000  # examples in the training pool (built-in tasks; files use every row)
 
   c.data = ml_collections.ConfigDict()

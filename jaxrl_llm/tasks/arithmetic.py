@@ -38,7 +38,8 @@ def arithmetic_format(response: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ArithmeticTask:
-  digits: int = 2  # operand size in decimal digits
+  digits: int = 2  # first operand size in decimal digits
+  digits2: int = 0  # second operand size; 0: same as `digits`
   ops: str = "+"  # operators to draw from, a subset of "+-*"
   seed: int = 0  # fixes the train/eval split and the problems drawn
   eval_fraction: float = 0.1  # share of the problem space held out for eval
@@ -48,6 +49,8 @@ class ArithmeticTask:
   def __post_init__(self):
     if not 1 <= self.digits <= 9:
       raise ValueError(f"arithmetic digits={self.digits} must be in [1, 9]")
+    if not 0 <= self.digits2 <= 9:
+      raise ValueError(f"arithmetic digits2={self.digits2} must be in [0, 9] (0: same as digits)")
     if not self.ops or any(o not in OPS for o in self.ops):
       raise ValueError(f"arithmetic ops={self.ops!r} must be a non-empty subset of {''.join(OPS)!r}")
     if not 0.0 < self.eval_fraction < 1.0:
@@ -65,20 +68,38 @@ class ArithmeticTask:
       return a - b + 10  # forgets a borrow in the tens
     return a * b + a  # off by one multiplicand
 
+  def _range(self, digits: int) -> tuple[int, int]:
+    return (10 ** (digits - 1) if digits > 1 else 0), 10**digits
+
+  def _example(self, a: int, op: str, b: int, rng) -> Example:
+    answer = str(eval(f"{a}{op}{b}"))  # noqa: S307 - two ints and one operator
+    wrong = rng.random() < self.wrong_fraction
+    return Example(prompt=f"{a}{op}{b}=", answer=answer, demo=str(self._wrong(a, op, b)) if wrong else answer)
+
   def examples(self, split: str, n: int) -> list[Example]:
+    """`n` examples of `split`. A problem space of at most 10^5 problems is
+    enumerated: eval returns each held-out problem at most once (so possibly
+    fewer than n), train cycles through reshuffled passes."""
     check_split(split)
     rng = split_rng(self.seed, split)
-    lo, hi = 10 ** (self.digits - 1) if self.digits > 1 else 0, 10**self.digits
-    out = []
+    (lo1, hi1), (lo2, hi2) = self._range(self.digits), self._range(self.digits2 or self.digits)
     want_eval = split == "eval"
+    if (hi1 - lo1) * (hi2 - lo2) * len(self.ops) <= 100_000:
+      space = [(a, op, b) for a in range(lo1, hi1) for op in self.ops for b in range(lo2, hi2)
+               if in_eval_split(f"{a}{op}{b}=", self.seed, self.eval_fraction) == want_eval]
+      if not space:
+        raise ValueError(f"arithmetic: the {split} split is empty (eval_fraction={self.eval_fraction})")
+      if want_eval:
+        order = rng.permutation(len(space))[:n]
+        return [self._example(*space[i], rng) for i in order]
+      out = []
+      while len(out) < n:
+        out += [self._example(*space[i], rng) for i in rng.permutation(len(space))[:n - len(out)]]
+      return out
+    out = []
     while len(out) < n:
-      a, b = (int(x) for x in rng.integers(lo, hi, size=2))
+      a, b = int(rng.integers(lo1, hi1)), int(rng.integers(lo2, hi2))
       op = self.ops[int(rng.integers(len(self.ops)))]
-      prompt = f"{a}{op}{b}="
-      if in_eval_split(prompt, self.seed, self.eval_fraction) != want_eval:
-        continue
-      answer = str(eval(f"{a}{op}{b}"))  # noqa: S307 - two ints and one operator
-      wrong = rng.random() < self.wrong_fraction
-      demo = str(self._wrong(a, op, b)) if wrong else answer
-      out.append(Example(prompt=prompt, answer=answer, demo=demo))
+      if in_eval_split(f"{a}{op}{b}=", self.seed, self.eval_fraction) == want_eval:
+        out.append(self._example(a, op, b, rng))
     return out

@@ -49,6 +49,7 @@ def _choice(field: str, value: Any, allowed: tuple) -> None:
 class TaskConfig:
   name: str
   digits: int
+  digits2: int
   ops: str
   n_numbers: int
   max_number: int
@@ -58,6 +59,7 @@ class TaskConfig:
   def __post_init__(self):
     _choice("task.name", self.name, TASKS)
     _int("task.digits", self.digits, 1, 9)
+    _int("task.digits2", self.digits2, 0, 9)
     _int("task.n_numbers", self.n_numbers, 2, 6)
     _int("task.max_number", self.max_number, 2, 99)
     _float("task.eval_fraction", self.eval_fraction, 0.0, 0.5, low_open=True)

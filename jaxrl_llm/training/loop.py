@@ -90,12 +90,15 @@ class Trainer:
     return self._extra_inputs(self, state, samples) if self._extra_inputs else {}
 
   # ---- building ------------------------------------------------------------------
+  def _opt_init(self, tx, params):
+    return mesh_lib.onto_mesh(tx.init(params), self.mesh)
+
   def init_state(self, key) -> TrainState:
     k_model, k_value, k_run = jax.random.split(key, 3)
     self.model_cfg, params = setup.make_model(self.cfg, self.tokenizer, self.mesh, k_model)
     vparams = jax.device_put(init_value_head(self.model_cfg.d_model, k_value), mesh_lib.replicated(self.mesh))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
-                      value_params=vparams, value_opt_state=self.vtx.init(vparams), ref_params=None,
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self._opt_init(self.tx, params),
+                      value_params=vparams, value_opt_state=self._opt_init(self.vtx, vparams), ref_params=None,
                       lag_params=(), key=k_run, data_state=self.pipeline.get_state())
 
   def start_rl(self, state: TrainState) -> TrainState:
@@ -103,7 +106,7 @@ class Trainer:
     cfg = self.cfg
     need_ref = cfg.objective.needs_ref or cfg.log.kl_to_ref
     state = state.replace(
-        opt_state=self.tx.init(state.params),
+        opt_state=self._opt_init(self.tx, state.params),
         ref_params=self.snapshot(state.params) if need_ref else None,
         lag_params=tuple(self.snapshot(state.params) for _ in range(cfg.rollout.staleness)))
     self._compile_update(state)

@@ -51,3 +51,16 @@ def param_shardings(mesh: Mesh, model_cfg, params_shape):
   if fn is not None:
     return fn(model_cfg, mesh)
   return jax.tree.map(lambda _: replicated(mesh), params_shape)
+
+
+def onto_mesh(tree, mesh: Mesh):
+  """Replicates over the mesh every leaf not already placed on all its devices
+  (optimizer counters and other scalars created outside a sharded jit)."""
+  devices = set(mesh.devices.flat)
+
+  def place(x):
+    if getattr(x, "sharding", None) is not None and set(x.sharding.device_set) == devices:
+      return x
+    return jax.device_put(x, replicated(mesh))
+
+  return jax.tree.map(place, tree)

@@ -33,7 +33,7 @@ def guarded_update(tx: optax.GradientTransformation, grads, opt_state, params, l
   Returns (params, opt_state, grad_norm, skipped) where skipped is 1.0 when the
   update was dropped (params and optimizer state unchanged), else 0.0.
   """
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   # Zero the gradients before the optimizer sees them so no NaN enters the
   # moments even transiently; then keep the old state wholesale.

@@ -33,7 +33,7 @@ def make_tokenizer(cfg: RunConfig):
 def make_task(cfg: RunConfig):
   t = cfg.task
   if t.name == "arithmetic":
-    return ArithmeticTask(digits=t.digits, ops=t.ops, seed=cfg.seed, eval_fraction=t.eval_fraction,
+    return ArithmeticTask(digits=t.digits, digits2=t.digits2, ops=t.ops, seed=cfg.seed, eval_fraction=t.eval_fraction,
                           wrong_fraction=cfg.sft.wrong_fraction)
   if t.name == "countdown":
     return CountdownTask(n_numbers=t.n_numbers, max_number=t.max_number, seed=cfg.seed,

@@ -52,7 +52,7 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, *, steps: int
     return params, {"sft_steps": 0}
   tx = adamw(warmup_schedule(lr, warmup_steps, steps, decay_to=0.1), b1=0.9, b2=0.99,
              weight_decay=0.0, clip_norm=1.0)
-  opt_state = tx.init(params)
+  opt_state = mesh_lib.onto_mesh(tx.init(params), mesh)
   p_shard = jax.tree.map(lambda a: a.sharding, params)
   o_shard = jax.tree.map(lambda a: a.sharding, opt_state)
   b_shard = mesh_lib.batch_sharding(mesh)

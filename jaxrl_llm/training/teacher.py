@@ -45,7 +45,7 @@ from jaxrl_llm.objectives import distill, teacher as teacher_w, teacher_routing
 from jaxrl_llm.objectives.teacher_inputs import build_teacher_inputs, gather_predictions
 from jaxrl_llm.objectives.teacher_schedule import KINDS as SCHEDULES, TeacherSchedule, teacher_params_for_step
 from jaxrl_llm.tasks.base import Example
-from jaxrl_llm.training.data import encode_prompts
+from jaxrl_llm.training.data import encode_prompts, prompt_text
 from jaxrl_llm.training.logprobs import full_logprobs, response_hidden
 
 SOURCES = ("none", "sft", "checkpoint", "self")
@@ -229,9 +229,14 @@ class TeacherStage:
   def _contexts(self, samples):
     if self.cfg.context == "prompt":
       return samples.prompt_BP, samples.prompt_mask_BP
-    exs = [Example(prompt=p, answer=a) for p, a in zip(samples.prompts, samples.answers)]
-    pb = encode_prompts(self.tokenizer, hint_examples(exs, self.cfg.hint_template), self.max_prompt_len,
-                        self.chat_template)
+    exs = hint_examples([Example(prompt=p, answer=a) for p, a in zip(samples.prompts, samples.answers)],
+                        self.cfg.hint_template)
+    # The hint lengthens the context beyond data.max_prompt_len; pad to a multiple of 8 above it so
+    # the teacher's forward compiles for few shapes.
+    longest = 1 + max(len(self.tokenizer.encode(prompt_text(self.tokenizer, e.prompt, self.chat_template)))
+                      for e in exs)  # + BOS
+    width = max(self.max_prompt_len, -(-longest // 8) * 8)
+    pb = encode_prompts(self.tokenizer, exs, width, self.chat_template)
     return pb.tokens_BP, pb.mask_BP
 
   def signals(self, samples, student_params, step: int) -> TeacherSignals:
@@ -348,9 +353,12 @@ def attach(tr, state):
   c = tr.cfg
 
   def sft_fn(params, examples, steps):
+    longest = 1 + max(len(tr.tokenizer.encode(prompt_text(tr.tokenizer, e.prompt, c.data.chat_template)))
+                      for e in examples)  # + BOS; hinted prompts are longer than data.max_prompt_len
+    width = max(c.data.max_prompt_len, -(-longest // 8) * 8)
     params, info = run_sft(params, tr.model_cfg, examples, tr.tokenizer, steps=steps, batch_size=c.sft.batch_size,
                            lr=c.sft.lr, warmup_steps=min(c.sft.warmup_steps, steps),
-                           max_prompt_len=c.data.max_prompt_len, max_response_len=c.rollout.max_response_len,
+                           max_prompt_len=width, max_response_len=c.rollout.max_response_len,
                            seed=c.seed + 1, impl=c.kernels.impl, mesh=tr.mesh, chat_template=c.data.chat_template,
                            log=tr.log)
     return params
