@@ -152,6 +152,22 @@ class ModelConfig:
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 
+  def to_dict(self) -> dict:
+    """JSON-ready dict (rope_scaling as a nested dict or None)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "ModelConfig":
+    """Inverse of to_dict; unknown keys are an error naming them."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"ModelConfig.from_dict: unknown fields {unknown}")
+    d = dict(d)
+    if isinstance(d.get("rope_scaling"), dict):
+      d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+    return cls(**d)
+
   def num_params(self) -> int:
     """Exact parameter count (embedding counted once when tied)."""
     d, n, k, h, f = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.d_ff
