@@ -67,7 +67,7 @@ def _onehot_gather(cols_1C, valid_1C):
                        keepdims=True)
       return acc_rK + jnp.where(iota_1K == k, val_r1, 0.0)
 
-    acc_rK = jnp.zeros(ids_rK.shape, jnp.float32)
+    acc_rK = _vary_like(jnp.zeros(ids_rK.shape, jnp.float32), (x_rC, ids_rK))
     return lax.fori_loop(0, ids_rK.shape[1], body, acc_rK)
 
   def scatter(vals_rK, ids_rK):
@@ -75,6 +75,7 @@ def _onehot_gather(cols_1C, valid_1C):
       return out_rC + jnp.where(hits(ids_rK, k), column(vals_rK, k), 0.0)
 
     out_rC = jnp.zeros((ids_rK.shape[0], cols_1C.shape[1]), jnp.float32)
+    out_rC = _vary_like(out_rC, (vals_rK, ids_rK, cols_1C))
     return lax.fori_loop(0, ids_rK.shape[1], body, out_rC)
 
   return gather, scatter
@@ -116,6 +117,36 @@ def _max_ids(rows) -> int:
   return max(ks, default=1)
 
 
+def _vma(x) -> frozenset:
+  """Manual mesh axes x varies over (inside shard_map); empty elsewhere."""
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)
+  if mat is not None:
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", None) or ())
+
+
+def _vary_like(tree, refs):
+  """Marks loop carries as varying over the axes the inputs vary over, so
+  that the loops type-check inside shard_map; a no-op outside it."""
+  axes = frozenset().union(*(_vma(r) for r in jax.tree.leaves(refs)))
+  if not axes:
+    return tree
+
+  def vary(x):
+    missing = tuple(sorted(axes - _vma(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+  return jax.tree.map(vary, tree)
+
+
+def _reduce_like(ct, primal):
+  """Sums a cotangent over the axes its primal is replicated on (shard_map):
+  each device holds the contribution of its own rows."""
+  extra = tuple(sorted(_vma(ct) - _vma(primal)))
+  return lax.psum(ct, extra) if extra else ct
+
+
 def _chunk_geometry(v: int, chunk_v: int):
   c = min(chunk_v, v)
   return c, -(-v // c)
@@ -155,6 +186,7 @@ def forward(sources, step_fn, init_carry, rows, *, chunk_v: int):
     tile = _make_tile(zs, start, j, cols_1C, valid_1C, c, k)
     return step_fn(carry, tile, rows)
 
+  init_carry = _vary_like(init_carry, (sources, rows))
   return lax.fori_loop(0, n_chunks, body, init_carry)
 
 
@@ -185,5 +217,7 @@ def backward(sources, dz_fn, rows, *, chunk_v: int):
     return dh_ND, dw_DV
 
   init = (jnp.zeros(h_ND.shape, jnp.float32), jnp.zeros(w_DV.shape, jnp.float32))
+  init = _vary_like(init, (sources, rows))
   dh_ND, dw_DV = lax.fori_loop(0, n_chunks, body, init)
-  return dh_ND.astype(h_ND.dtype), dw_DV.astype(w_DV.dtype)
+  return (_reduce_like(dh_ND, h_ND).astype(h_ND.dtype),
+          _reduce_like(dw_DV, w_DV).astype(w_DV.dtype))
