@@ -165,3 +165,29 @@ def test_missing_misshaped_and_unexpected_tensors_are_named(hf_dirs, tmp_path):
 
   with pytest.raises(FileNotFoundError, match="config.json"):
     load_hf(str(tmp_path))
+
+
+@pytest.mark.parametrize("preset", ["qwen2_5_0_5b", "qwen2_5_7b", "qwen3_8b", "llama3_2_1b",
+                                    "llama3_1_8b"])
+def test_preset_configs_round_trip_through_config_json(preset):
+  from jaxrl_llm.model import PRESETS
+  from jaxrl_llm.model.config import ModelConfig
+  from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
+  cfg = PRESETS[preset]()
+  hf = json.loads(json.dumps(config_to_hf(cfg)))
+  assert config_from_hf(hf) == cfg
+  assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+  # transformers reads the written config.json with the same shapes.
+  ref = transformers.AutoConfig.for_model(**hf)
+  assert (ref.hidden_size, ref.num_key_value_heads, ref.intermediate_size) == (
+      cfg.d_model, cfg.n_kv_heads, cfg.d_ff)
+  assert ref.rope_parameters["rope_theta"] == cfg.rope_theta
+
+
+def test_export_refuses_configs_the_family_cannot_express():
+  from jaxrl_llm.model.config import ModelConfig
+  from jaxrl_llm.model.hf_config import config_to_hf
+  with pytest.raises(ValueError, match="qkv_bias=True cannot be exported as family='llama'"):
+    config_to_hf(ModelConfig.tiny(64, qkv_bias=True))
+  with pytest.raises(ValueError, match="qk_norm"):
+    config_to_hf(ModelConfig.tiny(64, qk_norm=True, family="qwen2", qkv_bias=True))
