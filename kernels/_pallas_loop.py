@@ -28,7 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_llm.kernels._xla_loop import Tile, _onehot_gather
+from jaxrl_llm.kernels._xla_loop import Tile, _onehot_gather, _reduce_like
 from jaxrl_llm.kernels.config import MASK_VALUE, VocabTiles
 
 _HI = lax.Precision.HIGHEST
@@ -206,4 +206,4 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret: bool):
       out_shape=jax.ShapeDtypeStruct(w0.shape, w0.dtype),
       interpret=interpret, name="vocab_stream_bwd_dw",
   )(*hs, *ws, *rows_flat)
-  return dh[:n], dw
+  return _reduce_like(dh[:n], h0), _reduce_like(dw, w0)

@@ -129,9 +129,11 @@ def main():
     for mode in ("fwd_bwd", "fwd"):
       results[op][mode] = _bench(op, mode, x, impls, reps)
       print(op, mode, json.dumps(results[op][mode]), flush=True)
+      # Rewritten after every measurement: a long run that is stopped keeps
+      # what it finished.
+      with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
   print(f"loadavg at end={os.getloadavg()}", flush=True)
-  with open(args.out, "w") as f:
-    json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":
