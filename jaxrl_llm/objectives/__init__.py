@@ -54,3 +54,15 @@ from jaxrl_llm.objectives.ratios import TokenRatios, token_ratios
 from jaxrl_llm.objectives.score_centering import centering_exact, centering_topk, gather_topk
 from jaxrl_llm.objectives.value import value_loss
 from jaxrl_llm.objectives.weights import full_token_kl
+# Teacher-derived weights (spec 000 sections 5-6, appendix D): distillation
+# divergences, the trust knobs z and tau, routing, inputs and schedules.
+from jaxrl_llm.objectives.distill import (distill_loss, forward_kl, generalized_jsd, reverse_kl,
+                                          reverse_kl_surrogate, sampled_token_surrogate, teacher_gap,
+                                          token_divergence)
+from jaxrl_llm.objectives.distill_topk import topk_support
+from jaxrl_llm.objectives.teacher import (confidence_weight, rlsd_advantage, rlsd_multiplier, sign_gate,
+                                          teacher_entropy)
+from jaxrl_llm.objectives.teacher_inputs import TeacherInputs, build_teacher_inputs, gather_predictions
+from jaxrl_llm.objectives.teacher_routing import (select_teacher, srpo_branch_masks, srpo_loss,
+                                                  srpo_routed_advantage, srpo_routes, teacher_for_tasks)
+from jaxrl_llm.objectives.teacher_schedule import TeacherSchedule, teacher_params_for_step
