@@ -95,6 +95,11 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
     raise TypeError(f"generate: cfg must be a SamplingConfig, got {type(cfg).__name__}")
   if not isinstance(model_cfg, ModelConfig):
     raise TypeError(f"generate: model_cfg must be a ModelConfig, got {type(model_cfg).__name__}")
+  if not isinstance(key, jax.Array) or not (
+      jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or (key.dtype == jnp.uint32 and key.shape == (2,))):
+    raise TypeError(f"generate: key must be a PRNG key (jax.random.key(seed)), got {key!r}")
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape != ():
+    raise ValueError(f"generate: key must be a single PRNG key, got shape {key.shape}")
   cfg.check_vocab(model_cfg.vocab_size)
   _check_prompts(prompt_tokens_BP, prompt_mask_BP, model_cfg.vocab_size)
   cache_len = cfg.cache_slots(prompt_tokens_BP.shape[1])

@@ -160,6 +160,12 @@ def test_greedy_groups_are_copies(model):
   np.testing.assert_array_equal(three.tokens_BR, np.repeat(np.asarray(one.tokens_BR), 3, axis=0))
 
 
+def test_bad_key_is_a_type_error(model):
+  cfg_m, params = model
+  with pytest.raises(TypeError, match=r"key must be a PRNG key"):
+    generate(params, cfg_m, *pad_prompts(PROMPTS, "left"), SamplingConfig(max_new_tokens=4), 0)
+
+
 @pytest.mark.parametrize("change,match", [
     (dict(cfg=SamplingConfig(top_k=VOCAB + 1)), r"top_k=49 exceeds the vocabulary size 48"),
     (dict(cfg=SamplingConfig(max_new_tokens=4, cache_len=8)), r"prompt length 6 \+ max_new_tokens 4 = 10 exceeds"),
