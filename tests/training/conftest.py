@@ -26,6 +26,7 @@ def shrink(c, **overrides):
   c.eval.n_examples = 8
   c.task.n_train = 256
   c.log.progress = False
+  c.teacher.sft_steps, c.teacher.hint_sft_steps = 20, min(c.teacher.hint_sft_steps, 20)  # teacher warm starts
   for key, value in overrides.items():
     node = c
     *parents, leaf = key.split(".")

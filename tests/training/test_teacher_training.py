@@ -20,7 +20,7 @@ def test_opd_moves_the_student_towards_the_teacher(tmp_path, quiet_log):
   The teacher is the SFT-made one (correct demonstrations), the student starts
   from scratch (sft.steps = 0), so the gap is large and one signal drives it.
   """
-  c = shrink(load_config("opd"), **{"train.steps": 6, "train.lr": 3e-3, "teacher.sft_steps": 60,
+  c = shrink(load_config("opd"), **{"train.steps": 6, "train.lr": 3e-3, "train.warmup_steps": 0, "teacher.sft_steps": 60,
                                     "sft.batch_size": 32})
   cfg = from_config_dict(c)
   assert cfg.teacher.signal == "distill" and cfg.teacher.rl_coef == 0.0
