@@ -89,17 +89,17 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
 
   # ---- SFT warm start ---------------------------------------------------------
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 500  # supervised steps before RL; 0 skips the warm start
+  c.sft.steps = 300  # supervised steps before RL; 0 skips the warm start
   c.sft.batch_size = 128  # demonstrations per step
   c.sft.lr = 3e-3  # peak learning rate (warm-up then cosine decay to 10%)
   c.sft.warmup_steps = 50  # linear LR warm-up, steps
-  c.sft.wrong_fraction = 0.5  # share of demonstrations that are systematically wrong
+  c.sft.wrong_fraction = 0.7  # share of demonstrations that are systematically wrong (carry dropped)
 
   # ---- rollout -------------------------------------------------------------
   c.rollout = ml_collections.ConfigDict()
   c.rollout.prompts_per_step = 64  # prompts per RL step
   c.rollout.group_size = 8  # samples per prompt (G)
-  c.rollout.max_response_len = 8  # tokens generated per sample (R), EOS included
+  c.rollout.max_response_len = 6  # tokens generated per sample (R), EOS included
   c.rollout.temperature = 1.0  # sampling temperature
   c.rollout.top_k = 0  # sample from the k most likely tokens; 0 disables
   c.rollout.top_p = 1.0  # nucleus sampling mass; 1 disables
@@ -117,7 +117,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
 
   # ---- update ------------------------------------------------------------------
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 60  # RL steps (one batch of rollouts each)
+  c.train.steps = 80  # RL steps (one batch of rollouts each)
   c.train.epochs = 1  # passes over each batch (K)
   c.train.mini_batches = 1  # optimizer updates per pass: the batch is split into this many mini-batches
   c.train.micro_batch_size = 0  # samples per forward/backward inside a mini-batch; 0: the whole mini-batch

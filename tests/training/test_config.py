@@ -62,7 +62,7 @@ def test_batch_must_divide_into_micro_batches():
     ("rollout.temperature", 0.0, r"rollout\.temperature=0\.0"),
     ("rollout.sampler_dtype", "fp8", r"rollout\.sampler_dtype='fp8'"),
     ("kernels.impl", "palas", r"did you mean 'pallas'"),
-    ("filters.overlong_buffer", 8, r"filters\.overlong_buffer=8.*max_response_len=8"),
+    ("filters.overlong_buffer", 6, r"filters\.overlong_buffer=6.*max_response_len=6"),
     ("objective.eps_low", 1.5, r"eps_low=1\.5"),
     ("objective.aggregation", "token_sum", r"aggregation='token_sum'"),
 ])
