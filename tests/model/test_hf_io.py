@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 from jaxrl_llm.model.hf_io import load_hf, read_hf_config, save_hf
 from jaxrl_llm.model.sharding import MeshConfig, make_mesh, param_shardings
 
-from conftest import VOCAB, build_hf_model
+from hf_fixtures import VOCAB, build_hf_model
 
 
 def _tensors(path):

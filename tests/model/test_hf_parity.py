@@ -10,7 +10,7 @@ import transformers
 from jaxrl_llm.model import forward, logits
 from jaxrl_llm.model.hf_io import load_hf
 
-from conftest import VOCAB
+from hf_fixtures import VOCAB
 
 TOL = 1e-4  # max abs logit difference (acceptance criterion)
 
