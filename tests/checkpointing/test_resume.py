@@ -106,9 +106,10 @@ def test_kill_after_checkpoint_then_resume_is_exact(tmp_path):
     png = w / "report.png"
     assert png.exists() and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
-  # `evaluate` on the final step reproduces the accuracy the trainer logged.
-  run([sys.executable, "-m", "jaxrl_llm.evaluate", f"--workdir={full}"], cache)
-  ev = json.load(open(full / "eval" / f"step_{STEPS}.json"))
-  assert ev["steps"][str(STEPS)]["pass@1_greedy"] == sa["eval_accuracy_end"]
-  # The accuracy of so short a run may be 0; the mean length is a sharper check.
-  assert ev["steps"][str(STEPS)]["mean_response_length"] == sa["eval_response_length_end"]
+  # `evaluate` over every saved step (a curve): the final step reproduces the
+  # greedy accuracy and response length the trainer logged at the end.
+  run([sys.executable, "-m", "jaxrl_llm.evaluate", f"--workdir={full}", "--all_steps"], cache)
+  ev = json.load(open(full / "eval" / "curve.json"))["steps"]
+  assert sorted(ev, key=int) == ["2", str(STEPS)]
+  assert ev[str(STEPS)]["pass@1_greedy"] == sa["eval_accuracy_end"]
+  assert ev[str(STEPS)]["mean_response_length"] == sa["eval_response_length_end"]
