@@ -63,3 +63,20 @@ def test_bad_k_and_counts_are_named():
     ev.pass_at_k_per_prompt(3, np.array([4]), 1)
   with pytest.raises(ValueError, match=r"must be \[prompts, samples\]"):
     ev.pass_at_k(np.zeros(4, bool), 1)
+
+
+def test_entry_point_bad_input_is_named(tmp_path):
+  # Checked before any model is built.
+  with pytest.raises(ValueError, match=r"--k=4: expected 1 <= k <= --n_samples=2"):
+    ev.evaluate_steps(str(tmp_path), n_samples=2, ks=(1, 4))
+  with pytest.raises(FileNotFoundError, match=r"no config.json in .*expected the workdir of a "
+                     r"training run, or pass --config"):
+    ev.evaluate_steps(str(tmp_path))
+
+
+def test_format_table_aligns_columns():
+  table = ev.format_table({4: {"num_prompts": 16, "pass@1_greedy": 0.0625},
+                           2: {"num_prompts": 16, "pass@1_greedy": 0.5}})
+  assert table.splitlines() == ["step  num_prompts  pass@1_greedy",
+                                "   2           16         0.5000",
+                                "   4           16         0.0625"]
