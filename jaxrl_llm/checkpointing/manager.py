@@ -88,6 +88,7 @@ class CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp_managers.AnyPreservationPolicy(policies),
         enable_async_checkpointing=cfg.async_save,
+        save_interval_steps=0 if read_only else 1,  # (saves are decided by should_save)
         cleanup_tmp_directories=not read_only,
         read_only=read_only,
         create=not read_only,
