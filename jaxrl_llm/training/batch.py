@@ -40,5 +40,5 @@ def init_value_head(d_model: int, key: jax.Array, hidden: int = 64) -> dict:
 def value_head(vparams: dict, hidden_BRD: jax.Array) -> jax.Array:
   """values_BR; the backbone gets no gradient from the value loss."""
   h = jax.lax.stop_gradient(hidden_BRD).astype(jnp.float32)
-  z_BRF = jax.nn.relu(jnp.einsum("BRD,DF->BRF", h, vparams["w1_DF"]) + vparams["b1_F"])
+  z_BRF = jax.nn.relu(jnp.einsum("BRD,DF->BRF", h, vparams["w1_DF"]) + vparams["b1_F"][None, None, :])
   return jnp.einsum("BRF,F->BR", z_BRF, vparams["w2_F"]) + vparams["b2"]
