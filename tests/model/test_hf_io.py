@@ -191,3 +191,35 @@ def test_export_refuses_configs_the_family_cannot_express():
     config_to_hf(ModelConfig.tiny(64, qkv_bias=True))
   with pytest.raises(ValueError, match="qk_norm"):
     config_to_hf(ModelConfig.tiny(64, qk_norm=True, family="qwen2", qkv_bias=True))
+
+
+# config.json of published checkpoints (older transformers spelling: rope_theta
+# and rope_scaling at top level, torch_dtype), copied from their model pages.
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256}
+QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_published_config_json_matches_presets():
+  from jaxrl_llm.model.config import ModelConfig
+  from jaxrl_llm.model.hf_config import config_from_hf
+  bf16 = dict(param_dtype="bfloat16", compute_dtype="bfloat16")
+  assert config_from_hf(LLAMA_3_2_1B) == ModelConfig.llama3_2_1b(**bf16)
+  assert config_from_hf(QWEN2_5_0_5B) == ModelConfig.qwen2_5_0_5b(**bf16)
+  assert config_from_hf(QWEN2_5_0_5B, param_dtype="float32").compute_dtype == "float32"
