@@ -50,8 +50,10 @@ def test_tensorboard_scalars_and_purge_on_resume(tmp_path):
                  key=os.path.getmtime)
   assert len(files) == 2  # the first file is kept, not reopened
   events = [event_pb2.Event.FromString(p) for p in records(files[1])]
-  starts = [e.step for e in events if e.HasField("session_log")]
-  assert starts == [2]  # TensorBoard hides the old file's events from step 2 on
+  # The purge marker: events at step 2 before any summary, which make
+  # TensorBoard hide the old file's events from step 2 on.
+  markers = [e.step for e in events if not e.summary.value]
+  assert markers == [0, 2, 2]  # the file header, then the marker pair
   assert [(v.tag, e.step, v.simple_value) for e in events for v in e.summary.value] == [
       ("reward/mean", 2, 0.25)]
 
