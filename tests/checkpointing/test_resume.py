@@ -28,7 +28,7 @@ FLAGS = [
     "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=4",
     "--config.eval.n_examples=16", "--config.model.d_model=32", "--config.model.n_layers=1",
     "--config.model.n_heads=2", "--config.model.n_kv_heads=1", "--config.model.d_ff=64",
-    "--config.log.progress=False",
+    "--config.train.lr=1e-3", "--config.train.warmup_steps=2", "--config.log.progress=False",
 ]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMING = ("time/", "perf/tokens_per_s")
@@ -87,6 +87,9 @@ def test_kill_after_checkpoint_then_resume_is_exact(tmp_path):
 
   out = run(train_cmd(killed), cache).stdout
   assert "resumed from checkpoint step" in out
+  # Same resolved config in both runs (a default edited between them would
+  # make the comparison below meaningless).
+  assert json.load(open(full / "config.json")) == json.load(open(killed / "config.json"))
 
   a, b = final_params(full), final_params(killed)
   flat_a, flat_b = (dict(ocp.tree.to_flat_dict(x)) for x in (a, b))
