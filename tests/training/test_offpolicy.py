@@ -6,9 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from conftest import load_config, shrink
+from conftest import load_config, make_trainer, shrink
 from jaxrl_llm.training.config import from_config_dict
-from jaxrl_llm.training.loop import Trainer
 
 
 def _rows(tmp_path):
@@ -18,7 +17,7 @@ def _rows(tmp_path):
 def test_on_policy_one_update_gives_unit_ratios(tmp_path, quiet_log):
   # IcePop needs pi_prox (trust region on r, correction on c): both ratios are computed.
   cfg = from_config_dict(shrink(load_config("icepop"), **{"rollout.staleness": 0, "train.steps": 2}))
-  Trainer(cfg, str(tmp_path), log=quiet_log).run()
+  make_trainer(cfg, tmp_path, quiet_log).run()
   for r in _rows(tmp_path):
     for name in ("r", "c", "rho"):
       # f32 recompute of the same params and temperature as the f32 sampler: equal to ~1e-5
@@ -30,7 +29,7 @@ def test_staleness_two_moves_c_and_fires_the_masks(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("icepop"), **{
       "rollout.staleness": 2, "train.steps": 6, "train.lr": 3e-2, "train.warmup_steps": 0,
       "objective.band_low": 0.9, "objective.band_high": 1.1}))
-  Trainer(cfg, str(tmp_path), log=quiet_log).run()
+  make_trainer(cfg, tmp_path, quiet_log).run()
   rows = _rows(tmp_path)
   # The first two steps sample with the initial params, which are also pi_prox at step 1.
   late = rows[2:]
@@ -44,7 +43,7 @@ def test_staleness_two_moves_c_and_fires_the_masks(tmp_path, quiet_log):
 def test_bf16_sampler_makes_c_differ_from_one(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("token_tis"), **{"rollout.sampler_dtype": "bfloat16",
                                                              "train.steps": 1}))
-  Trainer(cfg, str(tmp_path), log=quiet_log).run()
+  make_trainer(cfg, tmp_path, quiet_log).run()
   (r,) = _rows(tmp_path)
   assert r["ratio/c_max"] - r["ratio/c_min"] > 1e-3
   assert abs(r["ratio/r_max"] - 1.0) < 1e-4
@@ -54,7 +53,7 @@ def test_several_updates_per_batch_move_r(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("grpo"), **{"train.mini_batches": 4, "train.epochs": 2,
                                                         "train.steps": 1, "train.lr": 1e-2,
                                                         "train.warmup_steps": 0}))
-  Trainer(cfg, str(tmp_path), log=quiet_log).run()
+  make_trainer(cfg, tmp_path, quiet_log).run()
   (r,) = _rows(tmp_path)
   assert r["update/count"] == 8
   assert r["ratio/r_max"] > 1.0 + 1e-3 or r["ratio/r_min"] < 1.0 - 1e-3

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import load_config, shrink
+from conftest import load_config, make_trainer, shrink
 from jaxrl_llm.objectives import WeightedSum
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training.config import from_config_dict
@@ -18,7 +18,7 @@ from jaxrl_llm.training.step import rl_step
 
 def _one_step(name, tmp_path, log, *, extra_terms=(), **overrides):
   cfg = from_config_dict(shrink(load_config(name), **{"train.steps": 1, **overrides}))
-  tr = Trainer(cfg, str(tmp_path), log=log, extra_terms=extra_terms)
+  tr = make_trainer(cfg, tmp_path, log, extra_terms=extra_terms)
   # Plain SGD: the parameter change is -lr * gradient, so equal changes mean
   # equal gradients (Adam's g / sqrt(v) would amplify rounding of tiny entries).
   tr.tx = optax.sgd(0.5)
