@@ -43,12 +43,9 @@ def logits(params: dict, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
   return jnp.einsum("BTD,DV->BTV", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
 
 
-def _layer(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH, k_cache_BSKH, v_cache_BSKH,
-           index, allowed_BTS):
-  """One pre-norm block. Returns (x_BTD, k_BSKH, v_BSKH) with the new keys and
-  values written into slots [index, index + T)."""
-  dt = cfg.compute_jnp_dtype
-  p = jax.tree.map(lambda a: a.astype(dt), p)
+def _qkv(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH):
+  """Attention inputs of one block: q_BTNH, and the T new k_BTKH, v_BTKH
+  (after bias, QK-norm and RoPE, as the cache stores them)."""
   h_BTD = nn.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps)
   q_BTNH = jnp.einsum("BTD,DNH->BTNH", h_BTD, p["wq_DNH"])
   k_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, p["wk_DKH"])
@@ -60,19 +57,23 @@ def _layer(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH, k_cache_BSKH, v_cache_B
   if cfg.qk_norm:
     q_BTNH = nn.rms_norm(q_BTNH, p["q_norm_H"], cfg.norm_eps)
     k_BTKH = nn.rms_norm(k_BTKH, p["k_norm_H"], cfg.norm_eps)
-  q_BTNH = nn.apply_rope(q_BTNH, cos_BTH, sin_BTH)
-  k_BTKH = nn.apply_rope(k_BTKH, cos_BTH, sin_BTH)
-  if k_cache_BSKH is None:
-    k_BSKH, v_BSKH = k_BTKH, v_BTKH
-  else:
-    start = (0, index, 0, 0)
-    k_BSKH = jax.lax.dynamic_update_slice(k_cache_BSKH, k_BTKH.astype(k_cache_BSKH.dtype), start)
-    v_BSKH = jax.lax.dynamic_update_slice(v_cache_BSKH, v_BTKH.astype(v_cache_BSKH.dtype), start)
+  return (nn.apply_rope(q_BTNH, cos_BTH, sin_BTH), nn.apply_rope(k_BTKH, cos_BTH, sin_BTH),
+          v_BTKH)
+
+
+def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BSKH, v_BSKH, allowed_BTS):
+  """The rest of one pre-norm block, given the keys and values to attend over."""
+  dt = cfg.compute_jnp_dtype
   attn_BTNH = nn.attention(q_BTNH, k_BSKH.astype(dt), v_BSKH.astype(dt), allowed_BTS)
   x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, p["wo_NHD"])
   h_BTD = nn.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps)
-  x_BTD = x_BTD + nn.swiglu(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"])
-  return x_BTD, k_BSKH, v_BSKH
+  return x_BTD + nn.swiglu(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"])
+
+
+def _cast_layer(cfg: ModelConfig, layer_params: dict) -> dict:
+  """One layer's params, axis-stripped names, in the compute dtype."""
+  dt = cfg.compute_jnp_dtype
+  return jax.tree.map(lambda a: a.astype(dt), _strip_layer_axis(layer_params))
 
 
 def _strip_layer_axis(layer_params: dict) -> dict:
@@ -111,23 +112,43 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
   allowed_BTS = (kv_mask_BS[:, None, :]
                  & (slots_S[None, None, :] <= q_slots_T[None, :, None]))
 
-  def body(x_BTD, xs):
-    p, k_cache, v_cache = xs
-    x_BTD, k_BSKH, v_BSKH = _layer(cfg, x_BTD, _strip_layer_axis(p), cos_BTH, sin_BTH,
-                                   k_cache, v_cache, index, allowed_BTS)
-    return x_BTD, (k_BSKH, v_BSKH) if cache is not None else None
+  if cache is None:
+    def body(x_BTD, layer_params):
+      p = _cast_layer(cfg, layer_params)
+      q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
+      return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BTKH, v_BTKH, allowed_BTS), None
+    xs = params["layers"]
+    carry = x_BTD
+  else:
+    # The whole [L, B, S, K, H] cache rides in the scan carry and each layer
+    # writes only its T new slots with dynamic_update_slice. As scan xs/ys
+    # instead, every call would build a fresh cache buffer and copy it back
+    # into the caller's (four full-cache copies per decode step in the
+    # compiled loop); as a carry the update is in place, so a donated cache
+    # stays in place through prefill and every decode step.
+    def body(carry, xs):
+      x_BTD, k_LBSKH, v_LBSKH = carry
+      layer_params, layer = xs
+      p = _cast_layer(cfg, layer_params)
+      q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
+      start = (layer, 0, index, 0, 0)
+      k_LBSKH = jax.lax.dynamic_update_slice(k_LBSKH, k_BTKH[None].astype(k_LBSKH.dtype), start)
+      v_LBSKH = jax.lax.dynamic_update_slice(v_LBSKH, v_BTKH[None].astype(v_LBSKH.dtype), start)
+      k_BSKH = jax.lax.dynamic_index_in_dim(k_LBSKH, layer, 0, keepdims=False)
+      v_BSKH = jax.lax.dynamic_index_in_dim(v_LBSKH, layer, 0, keepdims=False)
+      x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BSKH, v_BSKH, allowed_BTS)
+      return (x_BTD, k_LBSKH, v_LBSKH), None
+    xs = (params["layers"], jnp.arange(cfg.n_layers, dtype=jnp.int32))
+    carry = (x_BTD, cache.k_LBSKH, cache.v_LBSKH)
 
   if cfg.remat != "none":
     body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
-  if cache is None:
-    xs = (params["layers"], None, None)
-  else:
-    xs = (params["layers"], cache.k_LBSKH, cache.v_LBSKH)
-  x_BTD, kv = jax.lax.scan(body, x_BTD, xs)
+  carry, _ = jax.lax.scan(body, carry, xs)
+  x_BTD = carry if cache is None else carry[0]
   hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps)
   if cache is None:
     return hidden_BTD, None
-  new_cache = KVCache(k_LBSKH=kv[0], v_LBSKH=kv[1], mask_BS=kv_mask_BS, index=index + T)
+  new_cache = KVCache(k_LBSKH=carry[1], v_LBSKH=carry[2], mask_BS=kv_mask_BS, index=index + T)
   return hidden_BTD, new_cache
 
 
