@@ -12,7 +12,7 @@ import json
 import os
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/<method>.py file", lock_config=True)
@@ -26,6 +26,8 @@ def default_workdir(root: str, method: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  # Orbax logs every checkpoint step at INFO; keep the console for the progress bar.
+  logging.set_verbosity(logging.WARNING)
   from jaxrl_llm.training.config import from_config_dict
   from jaxrl_llm.training.loop import Trainer
 

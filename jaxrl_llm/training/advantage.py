@@ -29,7 +29,8 @@ def advantages(reward_B: np.ndarray, keep_B: np.ndarray, mask_BR: np.ndarray, ob
     if kl_in_reward:
       reward = obj_lib.fold_kl_into_rewards(reward, jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), mask,
                                             coef=obj.kl_coef, kind=obj.kl_estimator)
-    adv_B = obj_lib.compute_advantages(reward, group_size, obj, weights_B=jnp.asarray(keep_B, jnp.float32))
+    # Filtered answers (overlong, dropped groups) count in no group statistic.
+    adv_B = obj_lib.compute_advantages(reward, group_size, obj, valid_B=jnp.asarray(keep_B, bool))
     adv_BR = jnp.broadcast_to(adv_B[:, None], mask.shape)
     returns_BR = jnp.zeros(mask.shape, jnp.float32)
   keep = jnp.asarray(keep_B)[:, None] & mask
