@@ -108,8 +108,18 @@ def main():
                       help="torch thread counts tried for the transformers baseline (the fastest is reported)")
   parser.add_argument("--no-cache-steps", type=int, default=4,
                       help="decode steps timed for no_cache (every step costs the same: tokens/s extrapolates)")
+  parser.add_argument("--xla-threads", type=int, default=None,
+                      help="1: run ours single-threaded (XLA's CPU thread pool off), as torch's best "
+                           "setting on a loaded 2-core machine; default: XLA's default (all cores)")
   parser.add_argument("--skip", nargs="*", default=(), choices=("ours", "hf_transformers", "no_cache"))
   args = parser.parse_args()
+  if args.xla_threads is not None:
+    if args.xla_threads != 1:
+      parser.error("--xla-threads: only 1 is supported (XLA's CPU pool size is not settable per run)")
+    # XLA reads XLA_FLAGS when its CPU client starts (first use below), so
+    # setting it here, after `import jax`, still applies.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
   cfg = ModelConfig.qwen2_10m()
   params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
@@ -126,7 +136,8 @@ def main():
       "config": {"model": "ModelConfig.qwen2_10m", "num_params": cfg.num_params(),
                  "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
                  "batch": B, "prompt_len": P, "new_tokens": R, "sampling": "temperature 1, no top-k/top-p",
-                 "ours_dtype": args.dtype or cfg.param_dtype, "torch_threads_tried": args.threads,
+                 "ours_dtype": args.dtype or cfg.param_dtype,
+                 "ours_xla_threads": args.xla_threads or "default", "torch_threads_tried": args.threads,
                  "no_cache_timed_steps": args.no_cache_steps,
                  "repeats": args.repeats, "timing": "best wall time of one full generate call, prefill included"},
       "machine": {"cpu_count": os.cpu_count(), "loadavg_before": os.getloadavg(),

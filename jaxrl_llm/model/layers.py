@@ -84,14 +84,29 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
   B, T, N, H = q_BTNH.shape
   K = k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
-                            preferred_element_type=jnp.float32) * (H ** -0.5)
+  if T == 1:
+    # Decode: one query per row. As a batched dot, XLA first transposes the
+    # whole [B, S, K, H] cache into dot layout (a copy of every layer's cache
+    # per step); a broadcast multiply + reduce reads it in place instead.
+    prod_BKGSH = (q_BTKGH[:, 0, :, :, None, :].astype(jnp.float32)
+                  * jnp.transpose(k_BSKH, (0, 2, 1, 3))[:, :, None].astype(jnp.float32))
+    scores_BKGTS = jnp.sum(prod_BKGSH, axis=-1)[:, :, :, None, :] * (H ** -0.5)
+  else:
+    scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                              preferred_element_type=jnp.float32) * (H ** -0.5)
   allowed_B11TS = allowed_BTS[:, None, None, :, :]
   scores_BKGTS = jnp.where(allowed_B11TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
   probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1)
   # Fully masked rows softmax to uniform; zero them so padding reads nothing.
   probs_BKGTS = jnp.where(allowed_B11TS, probs_BKGTS, 0.0).astype(v_BSKH.dtype)
-  out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
+  if T == 1:
+    # Probs rounded to v's dtype first, products and sum in f32, as the dot
+    # below does: a bf16 decode step matches a bf16 full forward.
+    prod_BKGSH = (probs_BKGTS[:, :, :, 0, :, None].astype(jnp.float32)
+                  * jnp.transpose(v_BSKH, (0, 2, 1, 3))[:, :, None].astype(jnp.float32))
+    out_BTKGH = jnp.sum(prod_BKGSH, axis=3)[:, None].astype(v_BSKH.dtype)
+  else:
+    out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
   return out_BTKGH.reshape(B, T, N, H)
 
 

@@ -117,4 +117,6 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
     prompt_tokens_BP, prompt_mask_BP = jax.device_put((prompt_tokens_BP, prompt_mask_BP), NamedSharding(mesh, spec))
   state = prefill(params, prompt_tokens_BP, prompt_mask_BP, key, model_cfg=run_cfg, cfg=cfg,
                   cache_len=cache_len, mesh=mesh, data_axis=data_axis or ())
-  return to_rollout(decode(params, state, model_cfg=run_cfg, cfg=cfg, mesh=mesh, data_axis=data_axis or ()), cfg)
+  state = decode(params, state, model_cfg=run_cfg, cfg=cfg, prompt_len=prompt_tokens_BP.shape[1], mesh=mesh,
+                 data_axis=data_axis or ())
+  return to_rollout(state, cfg)

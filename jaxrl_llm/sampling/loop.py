@@ -190,19 +190,55 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
   return shard_rows(_record(shard_rows(state, mesh, data_axis), rep(logits_BV), cfg), mesh, data_axis)
 
 
+# Decode runs in a few segments, each a while_loop over a cache cut to the
+# slots it can reach: attention reads (and masks) every cache slot at every
+# step, so a query at slot P + t pays for only a static prefix just past
+# P + t instead of all S slots (about 1/3 less attention work at 4 segments).
+# Each segment is one more compiled copy of the loop body; between segments
+# the cache is padded (one copy of it per boundary, not per step).
+_SEGMENTS = 4
+
+
+def segment_lengths(prompt_len: int, max_new_tokens: int, cache_len: int,
+                    segments: int = _SEGMENTS) -> tuple[int, ...]:
+  """Cache lengths of the decode segments, increasing, the last = cache_len.
+
+  Step t (1 <= t < R) writes slot P + t - 1; a segment of length L runs while
+  the next slot to write is < L, so every length is > P (keeps the prompt).
+  """
+  lengths = [min(cache_len, prompt_len + -(-max_new_tokens * i // segments))
+             for i in range(1, segments)]
+  return tuple(sorted(set(lengths) | {cache_len}))
+
+
+def _resize_cache(cache: KVCache, length: int) -> KVCache:
+  """The cache cut or zero-padded to `length` slots (new slots invalid)."""
+  S = cache.length
+  if length <= S:
+    return cache.replace(k_LBSKH=cache.k_LBSKH[:, :, :length], v_LBSKH=cache.v_LBSKH[:, :, :length],
+                         mask_BS=cache.mask_BS[:, :length])
+  pad = ((0, 0), (0, 0), (0, length - S), (0, 0), (0, 0))
+  return cache.replace(k_LBSKH=jnp.pad(cache.k_LBSKH, pad), v_LBSKH=jnp.pad(cache.v_LBSKH, pad),
+                       mask_BS=jnp.pad(cache.mask_BS, ((0, 0), (0, length - S))))
+
+
 # The state is donated and returned: the loop writes the cache and the record
 # buffers in place, where without donation XLA would first copy the
 # [L, B, S, K, H] cache (the sampler's largest buffer) out of the caller's.
-@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "data_axis"),
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "prompt_len", "mesh", "data_axis"),
                    donate_argnames=("state",))
 def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: SamplingConfig,
-           mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
-  """Runs the decode loop until every row has finished or R tokens are out."""
+           prompt_len: int | None = None, mesh: Mesh | None = None,
+           data_axis: tuple[str, ...] = ()) -> DecodeState:
+  """Runs the decode loop until every row has finished or R tokens are out.
+
+  prompt_len is P, the padded prompt length (the first response slot); with
+  it the loop runs in segments over growing cache prefixes (same tokens,
+  less attention work), without it in one loop over all S slots.
+  """
   params = cast_params(params, cfg.dtype)
   R = cfg.max_new_tokens
-
-  def cond(s: DecodeState):
-    return (s.step < R) & jnp.any(s.active_B)
+  S = state.cache.length
 
   def body(s: DecodeState):
     # The token sampled at step - 1 goes into slot P + step - 1 at position
@@ -213,7 +249,12 @@ def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: Sam
     logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
     return shard_rows(_record(s.replace(cache=cache), logits_BV, cfg), mesh, data_axis)
 
-  return lax.while_loop(cond, body, state)
+  lengths = (S,) if prompt_len is None else segment_lengths(prompt_len, R, S)
+  for length in lengths:
+    state = shard_rows(state.replace(cache=_resize_cache(state.cache, length)), mesh, data_axis)
+    cond = lambda s, length=length: (s.step < R) & jnp.any(s.active_B) & (s.cache.index < length)
+    state = lax.while_loop(cond, body, state)
+  return state
 
 
 def to_rollout(state: DecodeState, cfg: SamplingConfig) -> Rollout:
