@@ -1,9 +1,10 @@
 """A short fixed-seed run of each headline method raises the reward.
 
-The reward is a verifiable property a freshly initialised model can already
-earn about half the time (odd response length, which it controls through
-when it emits EOS), so the test needs no warm start and still exercises the
-whole loop: sampling, scoring, advantages, the method's loss and the updates.
+The reward is a verifiable property a freshly initialised model earns about
+half the time (the first response character has an even code point: near
+uniform first-token probabilities put about half their mass there), so the
+test needs no warm start and still exercises the whole loop: sampling,
+scoring, advantages, the method's loss and the updates.
 """
 
 import json
@@ -17,8 +18,8 @@ from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
 
 
-def odd_length(prompt, response, answer):
-  return float(len(response) % 2 == 1)
+def even_first_char(prompt, response, answer):
+  return float(len(response) > 0 and ord(response[0]) % 2 == 0)
 
 
 @pytest.mark.slow
@@ -28,7 +29,7 @@ def test_method_improves_reward(name, tmp_path, quiet_log):
       "train.steps": 12, "train.lr": 1e-2, "train.warmup_steps": 0, "rollout.prompts_per_step": 16,
       "seed": 1}))
   tr = Trainer(cfg, str(tmp_path), log=quiet_log)
-  tr.runner = RewardRunner(odd_length)
+  tr.runner = RewardRunner(even_first_char)
   tr.run()
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   reward = np.array([r["reward/mean"] for r in rows])
