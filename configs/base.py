@@ -64,7 +64,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
   c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
   c.data.reward_workers = 0  # reward worker processes; 0 scores in the trainer process
-  c.data.max_prompt_len = 32  # tokens; prompts are left-padded to this, longer ones are an error
+  c.data.max_prompt_len = 8  # tokens; prompts are left-padded to this, longer ones are an error (built-in arithmetic: "47+8=" is 5)
   c.data.chat_template = False  # wrap the prompt as a user message with the tokenizer's chat template
 
   # ---- model -----------------------------------------------------------------
