@@ -91,7 +91,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 300  # supervised steps before RL; 0 skips the warm start
   c.sft.batch_size = 128  # demonstrations per step
-  c.sft.lr = 3e-3  # peak learning rate (warm-up then cosine decay to 10%)
+  c.sft.lr = 1e-3  # peak learning rate (warm-up then cosine decay to 10%); 3e-3 under-fits (loss 0.71 vs 0.16)
   c.sft.warmup_steps = 50  # linear LR warm-up, steps
   c.sft.wrong_fraction = 0.7  # share of demonstrations that are systematically wrong (carry dropped)
 
