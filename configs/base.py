@@ -117,7 +117,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
 
   # ---- update ------------------------------------------------------------------
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 80  # RL steps (one batch of rollouts each)
+  c.train.steps = 160  # RL steps (one batch of rollouts each)
   c.train.epochs = 1  # passes over each batch (K)
   c.train.mini_batches = 1  # optimizer updates per pass: the batch is split into this many mini-batches
   c.train.micro_batch_size = 0  # samples per forward/backward inside a mini-batch; 0: the whole mini-batch
