@@ -4,8 +4,8 @@ pi_theta, pi_prox and pi_ref).
 The prompt and response are run as one sequence [prompt_BP | response_BR];
 the hidden state at slot P - 1 + t predicts response token t. The product
 with the output head and the log-softmax go through `jaxrl_llm.kernels`'
-`token_logprobs` when that op is available (chosen by `kernels.impl`), else
-through a plain log_softmax over the full vocabulary.
+`token_logprobs` (chosen by `kernels.impl`; `naive` is a plain log_softmax
+over the full vocabulary).
 """
 
 from __future__ import annotations
@@ -42,10 +42,9 @@ def head_logprobs(hidden_ND, w_DV, targets_N, *, temperature: float, impl: str):
   """(logp_N, entropy_N) of `targets_N` under softmax(hidden @ w / temperature)."""
   from jaxrl_llm import kernels
 
-  op = getattr(kernels, "token_logprobs", None)
-  if op is None or impl == "naive":
+  if impl == "naive":
     return _naive(hidden_ND, w_DV, targets_N, temperature)
-  out = op(hidden_ND, w_DV, targets_N, temperature=temperature, impl=impl)
+  out = kernels.token_logprobs(hidden_ND, w_DV, targets_N, temperature=temperature, impl=impl)
   return out.logp, out.entropy
 
 

@@ -42,15 +42,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def param_shardings(mesh: Mesh, model_cfg, params_shape):
-  """Shardings for the params tree: the model's rules if it has them, else replicated."""
-  try:
-    from jaxrl_llm.model import sharding as model_sharding
-  except ImportError:
-    model_sharding = None
-  fn = getattr(model_sharding, "param_shardings", None) if model_sharding else None
-  if fn is not None:
-    return fn(model_cfg, mesh)
-  return jax.tree.map(lambda _: replicated(mesh), params_shape)
+  """Shardings for the params tree, from the model's logical-axis table."""
+  from jaxrl_llm.model import sharding as model_sharding
+
+  del params_shape  # the model's table knows every param's shape
+  return model_sharding.param_shardings(model_cfg, mesh)
 
 
 def onto_mesh(tree, mesh: Mesh):

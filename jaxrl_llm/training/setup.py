@@ -23,10 +23,8 @@ REWARD_FNS = {"arithmetic": (arithmetic_reward, arithmetic_format),
 def make_tokenizer(cfg: RunConfig):
   if not cfg.model.hf_path:
     return CharTokenizer()
-  try:
-    from jaxrl_llm.model.tokenizer import load_tokenizer
-  except ImportError as e:
-    raise ImportError(f"model.hf_path={cfg.model.hf_path!r} needs jaxrl_llm.model.tokenizer.load_tokenizer") from e
+  from jaxrl_llm.model.tokenizer import load_tokenizer
+
   return load_tokenizer(cfg.model.hf_path)
 
 
