@@ -1,20 +1,22 @@
-"""The device mesh and the shardings the jitted steps state explicitly.
+"""The trainer's view of the device mesh.
 
-Axis names are declared once here: 'data' (batch), 'fsdp' (params sharded,
-batch too), 'tensor' (heads and MLP). Params follow the model's logical-axis
-table when it provides one; batches are split over ('data', 'fsdp').
+Axis names, the logical-axis table and the shardings themselves live in
+`jaxrl_llm.model.sharding`; this module only resolves the run config's
+`mesh.data = -1` ("all devices not used by the other axes") and adds the two
+helpers the loop needs (batch shard count, placing stray leaves).
 """
 
 from __future__ import annotations
 
 import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
 
+from jaxrl_llm.model import sharding as model_sharding
 from jaxrl_llm.training.config import MeshConfig
 
-AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+AXES = model_sharding.MESH_AXES
+BATCH_AXES = model_sharding.BATCH_AXES
+replicated = model_sharding.replicated
 
 
 def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
@@ -25,7 +27,7 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
   if data < 1 or data * fixed != n:
     raise ValueError(f"config.mesh: data={cfg.data} x fsdp={cfg.fsdp} x tensor={cfg.tensor} does not "
                      f"match the {n} devices available (data=-1 takes what is left)")
-  return Mesh(np.asarray(devices).reshape(data, cfg.fsdp, cfg.tensor), AXES)
+  return model_sharding.make_mesh(model_sharding.MeshConfig(data, cfg.fsdp, cfg.tensor), devices)
 
 
 def batch_shards(mesh: Mesh) -> int:
@@ -33,19 +35,12 @@ def batch_shards(mesh: Mesh) -> int:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) axis split over data x fsdp, the rest replicated."""
-  return NamedSharding(mesh, P(BATCH_AXES))
+  """Leading (batch) axis split over data x fsdp, the rest replicated; fits any rank."""
+  return model_sharding.batch_sharding(mesh, ndim=1)
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
-
-
-def param_shardings(mesh: Mesh, model_cfg, params_shape):
+def param_shardings(mesh: Mesh, model_cfg) -> dict:
   """Shardings for the params tree, from the model's logical-axis table."""
-  from jaxrl_llm.model import sharding as model_sharding
-
-  del params_shape  # the model's table knows every param's shape
   return model_sharding.param_shardings(model_cfg, mesh)
 
 

@@ -3,8 +3,6 @@ runner, model config and params on the mesh."""
 
 from __future__ import annotations
 
-import jax
-
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.tasks.arithmetic import ArithmeticTask, arithmetic_format, arithmetic_reward
 from jaxrl_llm.tasks.countdown import CountdownTask, countdown_format, countdown_reward
@@ -59,14 +57,13 @@ def make_model(cfg: RunConfig, tokenizer, mesh, key):
     from jaxrl_llm.model.hf_io import load_hf
 
     params, model_cfg = load_hf(
-        m.hf_path, shardings=lambda c: mesh_lib.param_shardings(mesh, c, model_lib.param_shapes(c)),
+        m.hf_path, shardings=lambda c: mesh_lib.param_shardings(mesh, c),
         param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
     return model_cfg, params
   model_cfg = model_lib.ModelConfig.tiny(
       tokenizer.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, n_kv_heads=m.n_kv_heads,
       head_dim=m.d_model // m.n_heads, d_ff=m.d_ff, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
       remat=m.remat)
-  shapes = jax.eval_shape(lambda k: model_lib.init_params(model_cfg, k), key)
-  shardings = mesh_lib.param_shardings(mesh, model_cfg, shapes)
-  params = jax.jit(lambda k: model_lib.init_params(model_cfg, k), out_shardings=shardings)(key)
-  return model_cfg, params
+  from jaxrl_llm.model.sharding import init_sharded_params
+
+  return model_cfg, init_sharded_params(model_cfg, key, mesh)
