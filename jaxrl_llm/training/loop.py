@@ -97,7 +97,11 @@ class Trainer:
     k_model, k_value, k_run = jax.random.split(key, 3)
     self.model_cfg, params = setup.make_model(self.cfg, self.tokenizer, self.mesh, k_model)
     vparams = jax.device_put(init_value_head(self.model_cfg.d_model, k_value), mesh_lib.replicated(self.mesh))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self._opt_init(self.tx, params),
+    # Step and key live replicated on the mesh like every other leaf, so a
+    # checkpoint restores them there (a restored leaf committed to one device
+    # would not mix with the mesh's arrays).
+    step, k_run = jax.device_put((jnp.zeros((), jnp.int32), k_run), mesh_lib.replicated(self.mesh))
+    return TrainState(step=step, params=params, opt_state=self._opt_init(self.tx, params),
                       value_params=vparams, value_opt_state=self._opt_init(self.vtx, vparams), ref_params=None,
                       lag_params=(), key=k_run, data_state=self.pipeline.get_state())
 
