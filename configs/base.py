@@ -85,7 +85,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.mesh.tensor = 1  # devices on the tensor axis (heads, MLP)
 
   c.kernels = ml_collections.ConfigDict()
-  c.kernels.impl = "auto"  # token log-prob implementation: auto | pallas | xla_chunked | naive
+  c.kernels.impl = "auto"  # vocabulary ops (log-probs, entropy, Score Centering top-k, TRM KL, distillation): auto | pallas | xla_chunked | naive (naive materialises [B, R, V]; pallas off GPU runs in interpret mode)
 
   # ---- SFT warm start ---------------------------------------------------------
   c.sft = ml_collections.ConfigDict()

@@ -23,8 +23,12 @@ class TrainBatch:
   old_values_BR: jax.Array  # f32 [B, R] value predictions before the update (PPO); zeros when unused
   topk_ids_BRK: jax.Array  # int32 [B, R, K] mu's top-k ids (Score Centering, top-k form); K = 0 when unused
   topk_logp_BRK: jax.Array  # f32 [B, R, K] log mu at those ids
-  behav_full_BRV: jax.Array  # f32 [B, R, V] log mu over the vocabulary (TRM's token KL); V = 0 when unused
+  behav_hidden_BRD: jax.Array  # [B, R, D] the sampler's final hidden states, in its dtype (TRM); D = 0 unused
   extra_BR: dict  # name -> f32 [B, R]: extra per-token inputs to the loss (e.g. teacher log-probs)
+
+
+# Keys of the update's `aux` (non-row inputs: arrays with no batch axis).
+AUX_BEHAV_HEAD = "behav_head_DV"  # the sampler's output head w_DV, its dtype (TRM's token KL)
 
 
 def init_value_head(d_model: int, key: jax.Array, hidden: int = 64) -> dict:

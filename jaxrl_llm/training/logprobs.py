@@ -38,13 +38,22 @@ def _naive(hidden_ND, w_DV, targets_N, temperature):
   return logp_N, entropy_N
 
 
+def kernel_options(impl: str) -> dict:
+  """`impl` / `interpret` keywords of the `jaxrl_llm.kernels` ops for `kernels.impl`.
+
+  The Pallas kernels compile for GPU only; elsewhere `impl="pallas"` runs them
+  in interpret mode (slow: for tests of the kernels inside the trainer).
+  """
+  return {"impl": impl, "interpret": impl == "pallas" and jax.default_backend() != "gpu"}
+
+
 def head_logprobs(hidden_ND, w_DV, targets_N, *, temperature: float, impl: str):
   """(logp_N, entropy_N) of `targets_N` under softmax(hidden @ w / temperature)."""
   from jaxrl_llm import kernels
 
   if impl == "naive":
     return _naive(hidden_ND, w_DV, targets_N, temperature)
-  out = kernels.token_logprobs(hidden_ND, w_DV, targets_N, temperature=temperature, impl=impl)
+  out = kernels.token_logprobs(hidden_ND, w_DV, targets_N, temperature=temperature, **kernel_options(impl))
   return out.logp, out.entropy
 
 
@@ -58,8 +67,8 @@ def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, r
 
 
 def full_logprobs(hidden_BRD, w_DV, *, temperature: float):
-  """log pi(v | prefix) over the whole vocabulary, [B, R, V] f32 (Score Centering's
-  exact / top-k terms; materialises B x R x V, fine for small vocabularies)."""
+  """log pi(v | prefix) over the whole vocabulary, [B, R, V] f32. Materialises
+  B x R x V: the `naive` reference (`jaxrl_llm.kernels` streams instead)."""
   logits_BRV = jnp.einsum("BRD,DV->BRV", hidden_BRD, w_DV.astype(hidden_BRD.dtype),
                           preferred_element_type=jnp.float32) / temperature
   return jax.nn.log_softmax(logits_BRV, axis=-1)

@@ -30,6 +30,7 @@ from jaxrl_llm.training.data import PromptPipeline
 from jaxrl_llm.training.evaluation import greedy_accuracy
 from jaxrl_llm.training.metrics import MetricsWriter, Progress
 from jaxrl_llm.training.optim import adamw, warmup_schedule
+from jaxrl_llm.training.recompute import behaviour_head
 from jaxrl_llm.training.rollout import sampling_config
 from jaxrl_llm.training.sft import run_sft
 from jaxrl_llm.training.state import TrainState
@@ -38,6 +39,10 @@ from jaxrl_llm.training.update import UpdateSpec, update_step
 
 # hook(trainer, state, metrics) after every RL step (checkpoints, reports, ...).
 StepHook = Callable[["Trainer", TrainState, dict], None]
+# provider(trainer, state) -> {name: array}: inputs of the update without a batch
+# axis (an output head, say), read once per step before the updates; see
+# `Trainer.update_aux`. The arrays must not alias the params (they are donated).
+AuxProvider = Callable[["Trainer", TrainState], dict]
 
 
 class Trainer:
@@ -72,6 +77,9 @@ class Trainer:
                      clip_norm=tr.clip_norm)
     self.extra_terms = tuple(extra_terms)
     self.model_cfg = None
+    self.aux_providers: list[AuxProvider] = []
+    if cfg.objective.needs_token_kl:
+      self.aux_providers.append(behaviour_head)  # TRM's mu: the sampler's output head
     self.update_fn = None
 
   # ---- helpers the step uses ----------------------------------------------------
@@ -90,6 +98,19 @@ class Trainer:
     return self._extra_inputs(self, state, samples) if self._extra_inputs else {}
 
   # ---- building ------------------------------------------------------------------
+  def update_aux(self, state: TrainState) -> dict:
+    """The update's `aux` ({name: array}, no batch axis): the merged outputs of
+    `aux_providers`, replicated over the mesh."""
+    aux = {}
+    for provider in self.aux_providers:
+      part = provider(self, state)
+      clash = sorted(set(aux) & set(part))
+      if clash:
+        raise ValueError(f"Trainer.aux_providers: {provider!r} returns key(s) {clash} that an earlier "
+                         "provider already returned; aux keys must be unique")
+      aux.update(part)
+    return jax.device_put(aux, mesh_lib.replicated(self.mesh))
+
   def _opt_init(self, tx, params):
     return mesh_lib.onto_mesh(tx.init(params), self.mesh)
 
@@ -125,7 +146,8 @@ class Trainer:
     shardings = (sh(state.params), sh(state.opt_state), sh(state.value_params), sh(state.value_opt_state))
     # The four state trees are donated: the update replaces them, the old buffers are dead.
     self.update_fn = jax.jit(functools.partial(update_step, spec=spec, tx=self.tx, vtx=self.vtx),
-                             in_shardings=shardings + (self.batch_sharding,),
+    # `aux` (update_aux) is replicated and not donated: the step's updates share it.
+                             in_shardings=shardings + (self.batch_sharding, mesh_lib.replicated(self.mesh)),
                              out_shardings=shardings + (mesh_lib.replicated(self.mesh),),
                              donate_argnums=(0, 1, 2, 3))
 

@@ -1,6 +1,7 @@
 """Recompute stage: log pi_prox (the params as this batch's updates begin),
-log pi_ref (the frozen warm-started model) and the value head's predictions,
-without gradient, in chunks of the micro-batch size."""
+log pi_ref (the frozen warm-started model), the value head's predictions and
+the sampler's final hidden states (TRM), without gradient, in chunks of the
+micro-batch size."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.training.batch import value_head
-from jaxrl_llm.training.logprobs import response_logprobs
+from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, value_head
+from jaxrl_llm.training.logprobs import response_hidden, response_logprobs
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "temperature", "impl", "with_values"))
@@ -39,20 +40,19 @@ def policy_logprobs(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, mask_
           np.concatenate([o[1] for o in outs]).astype(np.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "temperature"))
-def _behaviour_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, model_cfg, temperature):
-  from jaxrl_llm import model as model_lib
-  from jaxrl_llm.training.logprobs import full_logprobs, response_hidden
-
-  hidden_BRD = response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR)
-  return full_logprobs(hidden_BRD, model_lib.lm_head(params, model_cfg), temperature=temperature)
+@functools.partial(jax.jit, static_argnames=("model_cfg",))
+def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, model_cfg):
+  return response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR)
 
 
-def behaviour_distribution(sampler_params, sampling_cfg, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR,
-                           mask_BR, *, chunk: int, sharding=None):
-  """log mu(v | prefix) over the whole vocabulary, [B, R, V] f32 (TRM's per-token
-  KL(mu || pi_theta)): the sampler's params, dtype and temperature, recomputed.
-  Exact when the sampler does not truncate (top_k = 0, top_p = 1)."""
+def behaviour_hidden(sampler_params, sampling_cfg, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR,
+                     *, chunk: int, sharding=None) -> np.ndarray:
+  """h_mu: the sampler's final hidden states [B, R, D], recomputed with its
+  params and dtype (host array in that dtype). With its output head
+  (`behaviour_head`) they give mu(v | prefix) = softmax(h_mu @ w_mu / T) at
+  the sampling temperature: TRM's per-token KL(mu || pi_theta) in the update,
+  without a [B, R, V] array. Exact when the sampler does not truncate
+  (top_k = 0, top_p = 1)."""
   from jaxrl_llm.sampling.generate import sampler_model_config
   from jaxrl_llm.sampling.loop import cast_params
 
@@ -63,6 +63,18 @@ def behaviour_distribution(sampler_params, sampling_cfg, model_cfg, prompt_BP, p
     args = (prompt_BP[s:s + chunk], prompt_mask_BP[s:s + chunk], tokens_BR[s:s + chunk], mask_BR[s:s + chunk])
     if sharding is not None:
       args = jax.device_put(args, sharding)
-    outs.append(np.asarray(jax.device_get(_behaviour_chunk(params, *args, model_cfg=run_cfg,
-                                                           temperature=sampling_cfg.temperature)), np.float32))
+    outs.append(np.asarray(jax.device_get(_hidden_chunk(params, *args, model_cfg=run_cfg))))
   return np.concatenate(outs)
+
+
+def behaviour_head(tr, state) -> dict:
+  """The update's aux for TRM: {AUX_BEHAV_HEAD: the sampler's output head w_DV
+  in the sampler's dtype} (an aux provider of the Trainer)."""
+  from jaxrl_llm import model as model_lib
+
+  w_DV = model_lib.lm_head(state.sampler_params(), tr.model_cfg)
+  # Always a copy: without staleness the sampler's head is the policy's own
+  # buffer, which the update donates, and mu must stay the sampling-time head
+  # through all of the step's updates.
+  dtype = tr.sampling_cfg.dtype or w_DV.dtype
+  return {AUX_BEHAV_HEAD: jnp.array(w_DV, dtype=dtype, copy=True)}

@@ -18,7 +18,7 @@ from jaxrl_llm.training import filters as filt
 from jaxrl_llm.training import teacher as teacher_lib
 from jaxrl_llm.training.batch import TrainBatch
 from jaxrl_llm.training.metrics import mean_over_updates
-from jaxrl_llm.training.recompute import behaviour_distribution, policy_logprobs
+from jaxrl_llm.training.recompute import behaviour_hidden, policy_logprobs
 from jaxrl_llm.training.rollout import concat_samples, sample, select_rows
 from jaxrl_llm.training.score import concat_scores, score, select_scores
 from jaxrl_llm.training.state import TrainState
@@ -82,10 +82,10 @@ def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBa
   ref_logp = zeros
   if obj.needs_ref or cfg.log.kl_to_ref:
     ref_logp, _ = policy_logprobs(tr.ref_params(state), state.value_params, *args, **common)
-  behav_full = np.zeros((B, R, 0), np.float32)
+  behav_hidden = np.zeros((B, R, 0), np.float32)
   if obj.needs_token_kl:
-    behav_full = behaviour_distribution(state.sampler_params(), tr.sampling_cfg, tr.model_cfg, *args,
-                                        chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
+    behav_hidden = behaviour_hidden(state.sampler_params(), tr.sampling_cfg, tr.model_cfg, *args,
+                                    chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
   t1 = time.time()
   adv_BR, returns_BR = adv_lib.advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
                                           prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
@@ -103,7 +103,8 @@ def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBa
       prompt_BP=samples.prompt_BP, prompt_mask_BP=samples.prompt_mask_BP, tokens_BR=samples.tokens_BR,
       mask_BR=mask_BR, behav_logp_BR=samples.behav_logp_BR, prox_logp_BR=prox_logp, ref_logp_BR=ref_logp,
       adv_BR=adv_BR, returns_BR=returns_BR, old_values_BR=values, topk_ids_BRK=samples.topk_ids_BRK,
-      topk_logp_BRK=samples.topk_logp_BRK, behav_full_BRV=behav_full, extra_BR={**tr.extra_inputs(state, samples), **teacher_extra})
+      topk_logp_BRK=samples.topk_logp_BRK, behav_hidden_BRD=behav_hidden,
+      extra_BR={**tr.extra_inputs(state, samples), **teacher_extra})
   return batch, stats
 
 
@@ -122,13 +123,14 @@ def run_updates(tr, state: TrainState, batch: TrainBatch) -> tuple[TrainState, d
   mini = cfg.mini_batch_size
   rng = np.random.default_rng([cfg.seed, int(state.step)])
   params, opt_state, vparams, vopt = state.params, state.opt_state, state.value_params, state.value_opt_state
+  aux = tr.update_aux(state)  # before the first update donates the params it may be read from
   per_update, t0 = [], time.time()
   for _ in range(cfg.train.epochs):
     order = _row_order(rng, B, cfg.rollout.group_size, mini) if cfg.train.mini_batches > 1 else np.arange(B)
     for j in range(cfg.train.mini_batches):
       rows = order[j * mini:(j + 1) * mini]
       mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), tr.batch_sharding)
-      params, opt_state, vparams, vopt, m = tr.update_fn(params, opt_state, vparams, vopt, mb)
+      params, opt_state, vparams, vopt, m = tr.update_fn(params, opt_state, vparams, vopt, mb, aux)
       per_update.append(m)
   per_update = jax.device_get(per_update)
   metrics = mean_over_updates(per_update)

@@ -9,7 +9,12 @@ denominator) pairs; the loss is sum(numerators) / sum(denominators).
 
 Extra per-token loss terms (a teacher's, say) plug in through `extra_terms`:
 callables `fn(ctx) -> WeightedSum` over a `LossContext`, added to the loss
-with the same normalisers.
+with the same normalisers. Inputs without a batch axis (an output head, say)
+come in `aux`, a dict of arrays shared by every micro-batch (`ctx.aux`).
+
+The policy's sums over the vocabulary (log pi_theta, entropy, Score
+Centering's C, TRM's KL) are `vocab_terms.vocab_terms`: streamed by the
+kernels unless `kernels.impl = "naive"`.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from flax import struct
 
 from jaxrl_llm import model as model_lib
 from jaxrl_llm import objectives as obj_lib
-from jaxrl_llm.training.batch import TrainBatch, value_head
-from jaxrl_llm.training.logprobs import full_logprobs, head_logprobs, response_hidden
+from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch, value_head
+from jaxrl_llm.training.logprobs import response_hidden
 from jaxrl_llm.training.optim import guarded_update
+from jaxrl_llm.training.vocab_terms import vocab_terms
 
 
 @struct.dataclass
@@ -37,6 +43,7 @@ class LossContext:
   logp_BR: jax.Array  # [B, R] log pi_theta of the sampled tokens (differentiable)
   batch: TrainBatch  # the micro-batch (extra_BR holds the extra per-token inputs)
   norms: obj_lib.BatchNorms  # normalisers of the whole mini-batch
+  aux: dict  # name -> array: the update's non-row inputs (e.g. an output head), no gradient
 
 
 ExtraTerm = Callable[[LossContext], obj_lib.WeightedSum]
@@ -56,44 +63,45 @@ class UpdateSpec:
   extra_terms: tuple[tuple[str, ExtraTerm], ...] = ()
 
 
-def _micro_loss(params, vparams, mb: TrainBatch, norms, spec: UpdateSpec):
+def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateSpec):
   obj = spec.objective
   hidden_BRD = response_hidden(params, spec.model_cfg, mb.prompt_BP, mb.prompt_mask_BP, mb.tokens_BR,
                                mb.mask_BR)
-  B, R, D = hidden_BRD.shape
-  w_DV = model_lib.lm_head(params, spec.model_cfg)
-  logp_N, entropy_N = head_logprobs(hidden_BRD.reshape(B * R, D), w_DV, mb.tokens_BR.reshape(B * R),
-                                    temperature=spec.temperature, impl=spec.impl)
-  logp_BR, entropy_BR = logp_N.reshape(B, R), entropy_N.reshape(B, R)
-  centering, kl_BR = None, None
-  if obj.needs_centering or obj.needs_token_kl:
-    logq_BRV = full_logprobs(hidden_BRD, w_DV, temperature=spec.temperature)
-  if obj.needs_token_kl:
-    kl_BR = jax.lax.stop_gradient(obj_lib.full_token_kl(mb.behav_full_BRV, logq_BRV))
-  if obj.needs_centering:
-    centering = obj_lib.centering_topk(obj_lib.gather_topk(logq_BRV, mb.topk_ids_BRK), mb.topk_logp_BRK, obj)
+  vt = vocab_terms(
+      hidden_BRD, model_lib.lm_head(params, spec.model_cfg), mb.tokens_BR, mb.mask_BR, obj,
+      temperature=spec.temperature, impl=spec.impl,
+      topk_ids_BRK=mb.topk_ids_BRK if obj.needs_centering else None,
+      topk_logp_BRK=mb.topk_logp_BRK if obj.needs_centering else None,
+      behav_hidden_BRD=mb.behav_hidden_BRD if obj.needs_token_kl else None,
+      behav_head_DV=aux[AUX_BEHAV_HEAD] if obj.needs_token_kl else None)
+  logp_BR, entropy_BR = vt.logp_BR, vt.entropy_BR
   pl = obj_lib.policy_loss(
       logp_BR, mb.prox_logp_BR if obj.needs_prox else None, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
-      norms=norms, centering=centering, kl_BT=kl_BR,
+      norms=norms, centering=vt.centering_BR, kl_BT=vt.kl_BR,
       ref_logp_BT=mb.ref_logp_BR if obj.needs_ref and obj.kl_placement == "loss" else None,
       entropy_BT=entropy_BR if obj.needs_entropy else None)
   num = pl.loss.numerator
   metrics = dict(pl.metrics)
   metrics["loss/policy"] = pl.loss
   metrics["entropy/mean"] = obj_lib.masked_mean(jax.lax.stop_gradient(entropy_BR), mb.mask_BR)
+  extrema = dict(pl.extrema)
+  if vt.kl_BR is not None:
+    # TRM's full-vocabulary KL(mu || pi_theta), the quantity its sequence masks threshold.
+    metrics["kl/behav_theta"] = obj_lib.masked_mean(vt.kl_BR, mb.mask_BR)
+    extrema["kl/behav_theta_max"] = jnp.max(jnp.where(mb.mask_BR, vt.kl_BR, -jnp.inf))
   if spec.use_value:
     values_BR = value_head(vparams, hidden_BRD)
     vl = obj_lib.value_loss(values_BR, mb.old_values_BR, mb.returns_BR, mb.mask_BR, clip=obj.value_clip,
                             aggregation=obj.aggregation, norms=norms)
     num = num + obj.value_coef * vl.numerator
     metrics["loss/value"] = vl
-  ctx = LossContext(params=params, hidden_BRD=hidden_BRD, logp_BR=logp_BR, batch=mb, norms=norms)
+  ctx = LossContext(params=params, hidden_BRD=hidden_BRD, logp_BR=logp_BR, batch=mb, norms=norms, aux=aux)
   for name, term in spec.extra_terms:
     ws = term(ctx)
     num = num + ws.numerator
     metrics[f"loss/{name}"] = ws
   total = obj_lib.WeightedSum(num, pl.loss.denominator)
-  return num, (total, metrics, pl.extrema, pl.counts)
+  return num, (total, metrics, extrema, pl.counts)
 
 
 def _split_micro(batch: TrainBatch, n_micro: int) -> TrainBatch:
@@ -104,28 +112,33 @@ def _combine_extrema(a: dict, b: dict) -> dict:
   return {k: (jnp.minimum if k.endswith("_min") else jnp.maximum)(a[k], b[k]) for k in a}
 
 
-def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, *, spec: UpdateSpec, tx, vtx):
-  """-> (params, opt_state, vparams, vopt_state, metrics) for one mini-batch."""
+def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *, spec: UpdateSpec,
+                tx, vtx):
+  """-> (params, opt_state, vparams, vopt_state, metrics) for one mini-batch.
+
+  aux: name -> array, inputs without a batch axis, the same for every
+  micro-batch (`LossContext.aux`); AUX_BEHAV_HEAD for TRM.
+  """
   norms = obj_lib.batch_norms(batch.mask_BR, spec.group_size if spec.objective.aggregation ==
                               "group_token_mean" else 1, spec.objective)
   grad_fn = jax.grad(_micro_loss, argnums=(0, 1), has_aux=True)
   micro = _split_micro(batch, spec.n_micro)
 
   def body(carry, mb):
-    g_acc, aux_acc = carry
-    (g, vg), aux = grad_fn(params, vparams, mb, norms, spec)
+    g_acc, out_acc = carry
+    (g, vg), out = grad_fn(params, vparams, mb, aux, norms, spec)
     g_acc = jax.tree.map(jnp.add, g_acc, (g, vg))
-    total, metrics, extrema, counts = aux
-    a_total, a_metrics, a_extrema, a_counts = aux_acc
-    aux = (a_total + total, jax.tree.map(jnp.add, a_metrics, metrics), _combine_extrema(a_extrema, extrema),
-           jax.tree.map(jnp.add, a_counts, counts))
-    return (g_acc, aux), None
+    total, metrics, extrema, counts = out
+    a_total, a_metrics, a_extrema, a_counts = out_acc
+    out_acc = (a_total + total, jax.tree.map(jnp.add, a_metrics, metrics), _combine_extrema(a_extrema, extrema),
+               jax.tree.map(jnp.add, a_counts, counts))
+    return (g_acc, out_acc), None
 
   zeros = jax.tree.map(jnp.zeros_like, (params, vparams))
-  # First micro-batch outside the scan gives the aux structure to accumulate into.
+  # First micro-batch outside the scan gives the metrics' structure to accumulate into.
   first = jax.tree.map(lambda x: x[0], micro)
-  (g0, vg0), aux0 = grad_fn(params, vparams, first, norms, spec)
-  carry = (jax.tree.map(jnp.add, zeros, (g0, vg0)), aux0)
+  (g0, vg0), out0 = grad_fn(params, vparams, first, aux, norms, spec)
+  carry = (jax.tree.map(jnp.add, zeros, (g0, vg0)), out0)
   if spec.n_micro > 1:
     rest = jax.tree.map(lambda x: x[1:], micro)
     carry, _ = jax.lax.scan(body, carry, rest)
