@@ -60,6 +60,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.data.eval_path = ""  # task.name=file: held-out rows; empty: hold out task.eval_fraction of data.path
   c.data.prompt_key = "prompt"  # row key of the prompt text (a user message for the chat template)
   c.data.answer_key = "answer"  # row key of the reference answer given to the verifier
+  c.data.tag_key = ""  # row key of the task tag (teacher.route_by_tag); "": every row is tagged "file"
   c.data.reward = "auto"  # auto (the task's own) | arithmetic | countdown | math_verify
   c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
   c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
@@ -154,6 +155,9 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.teacher.source = "none"  # none | sft (warm start + sft_steps on correct demos) | checkpoint | self
   c.teacher.checkpoint = ""  # source=checkpoint: HF directory or run workdir; same tokenizer as the student
   c.teacher.sft_steps = 300  # source=sft: extra SFT steps on correct demonstrations, from the warm start
+  # source=checkpoint, one teacher per task tag: "tagA=path1,tagB=path2" (the tag is a built-in task's
+  # name, or a file row's data.tag_key); a sample whose tag is not listed gets no teacher (m_i = 0)
+  c.teacher.route_by_tag = ""  # "": one teacher for every sample (teacher.checkpoint)
   c.teacher.context = "prompt"  # what the teacher sees before the response: prompt | hint (answer + prompt)
   c.teacher.hint_template = "{answer}|{prompt}"  # context=hint: the privileged teacher context
   c.teacher.hint_sft_steps = 0  # source=self, context=hint: warm-start steps teaching the model to read hints
@@ -164,8 +168,11 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.teacher.divergence = "reverse_kl"  # distill/srpo: reverse_kl | forward_kl | jsd
   c.teacher.jsd_beta = 0.5  # divergence=jsd: beta in [0, 1] (0 = forward KL, 1 = reverse KL)
   c.teacher.coef = 1.0  # weight of the teacher term (loss form) or of the gap (gap_advantage)
+  c.teacher.topk = 0  # distill/srpo: 0 = divergence over the full vocabulary; k in [1, V]: the teacher's top-k
+  c.teacher.topk_tail = "renormalize"  # topk > 0: renormalize (both on the top-k ids) | bucket (+ the rest)
   c.teacher.rl_coef = 0.0  # distill/gap_advantage: weight of the reward advantage (0: pure distillation)
   c.teacher.eps_w = 0.2  # rlsd: the multiplier is clipped to [1 - eps_w, 1 + eps_w], eps_w in [0, 1)
+  c.teacher.sign_gate = False  # SG-OPD: teacher term only where sign(log q(y) - log p(y)) = sign(A); not rlsd
   c.teacher.lam = 1.0  # rlsd: lambda, share of the teacher-modulated advantage, in [0, 1]
   c.teacher.confidence_beta = 0.0  # tau = clip(exp(-beta H(q)), tau_min, tau_max); 0: tau = 1
   c.teacher.tau_min = 0.0  # lower clip of tau

@@ -30,10 +30,12 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   from jaxrl_llm.training.config import from_config_dict
   from jaxrl_llm.training.loop import Trainer
+  from jaxrl_llm.training.teacher_config import teacher_preflight
 
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/<method>.py is required")
   cfg = from_config_dict(_CONFIG.value)
+  teacher_preflight(cfg)  # teacher paths, vocabulary and topk, before any model is built
   workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.method)
   print(f"method {cfg.method} -> {workdir}")
   summary = Trainer(cfg, workdir).run()

@@ -10,6 +10,12 @@
     `checkpoint.every_steps` steps;
   * `finish(trainer, state)`: saves the final step and waits for the writes;
   * `init_params(trainer, state)`: `init_checkpoint` for a new run.
+
+Pytrees a resume needs that live outside the TrainState (a moving
+self-teacher's weights, say) ride along through `trainer.checkpoint_trees`,
+a dict name -> `ExtraTree`: each is saved beside the state's fields under its
+name and handed back to its `set` on restore. `restore` and `hook` read the
+dict from the trainer they are given; `finish` uses the last one read.
 """
 
 import dataclasses
@@ -25,6 +31,14 @@ from jaxrl_llm.checkpointing.manager import CheckpointManager, to_jsonable
 CHECKPOINT_SUBDIR = init_lib.CHECKPOINT_SUBDIR
 # TrainState fields that are host-side metadata, saved as JSON rather than arrays.
 _HOST_FIELDS = ("data_state",)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraTree:
+  """A pytree outside the TrainState that a resumed run needs to continue exactly."""
+
+  get: Callable[[], Any]  # the current tree (arrays), read at every save and as the restore target
+  set: Callable[[Any], None]  # receives the restored tree (get()'s structure, dtypes and shardings)
 
 
 def state_tree(state) -> dict:
@@ -66,6 +80,18 @@ class RunCheckpoints:
                                   model_config=model_config)
     # Run-level JSON saved with every step: what a resumed run cannot recompute.
     self.extra: dict = {}
+    self.extra_trees: dict[str, ExtraTree] = {}
+
+  def _bind(self, trainer) -> None:
+    """Takes the trainer's `checkpoint_trees` (none: {})."""
+    self.extra_trees = dict(getattr(trainer, "checkpoint_trees", None) or {})
+
+  def _tree(self, state) -> dict:
+    tree = state_tree(state)
+    clash = sorted(set(tree) & set(self.extra_trees))
+    if clash:
+      raise ValueError(f"checkpoint_trees {clash} clash with TrainState fields of the same name")
+    return {**tree, **{name: t.get() for name, t in self.extra_trees.items()}}
 
   def resume_step(self) -> int | None:
     return self.mngr.latest_step()
@@ -79,23 +105,27 @@ class RunCheckpoints:
 
   def restore(self, trainer, state):
     """(restored state, saved extra JSON); the trainer's pipeline is repositioned."""
-    r = self.mngr.restore(state_tree(state))
+    self._bind(trainer)
+    r = self.mngr.restore(self._tree(state))
     for step, why in r.skipped:
       self.log(f"checkpoint step {step} is damaged ({why}); used step {r.step} instead")
-    state = state.replace(**r.state, data_state=r.data_state)
+    fields = dict(r.state)
+    for name, t in self.extra_trees.items():
+      t.set(fields.pop(name))
+    state = state.replace(**fields, data_state=r.data_state)
     trainer.pipeline.set_state(r.data_state)
     self.extra = dict(r.meta.get("extra") or {})
     self.log(f"resumed from checkpoint step {r.step} in {self.mngr.directory}")
     return state, self.extra
 
   def save(self, state, metrics: dict | None = None) -> None:
-    self.mngr.save(int(state.step), state_tree(state), data_state=state.data_state,
+    self.mngr.save(int(state.step), self._tree(state), data_state=state.data_state,
                    config=self.run_config, extra=self.extra,
                    metrics=None if metrics is None else json_row(metrics))
 
   def hook(self, trainer, state, metrics: dict) -> None:
     """Trainer step hook: records the step's metrics, saves when due."""
-    del trainer
+    self._bind(trainer)
     self.extra.setdefault("history", []).append(json_row(metrics))
     if self.mngr.should_save(int(state.step)):
       self.save(state, metrics)

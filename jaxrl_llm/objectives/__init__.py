@@ -59,7 +59,7 @@ from jaxrl_llm.objectives.weights import full_token_kl
 from jaxrl_llm.objectives.distill import (distill_loss, forward_kl, generalized_jsd, reverse_kl,
                                           reverse_kl_surrogate, sampled_token_surrogate, teacher_gap,
                                           token_divergence)
-from jaxrl_llm.objectives.distill_topk import topk_support
+from jaxrl_llm.objectives.distill_topk import topk_support, topk_support_gathered
 from jaxrl_llm.objectives.teacher import (confidence_weight, rlsd_advantage, rlsd_multiplier, sign_gate,
                                           teacher_entropy)
 from jaxrl_llm.objectives.teacher_inputs import TeacherInputs, build_teacher_inputs, gather_predictions

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 TAILS = ("bucket", "renormalize")
 
@@ -63,7 +64,8 @@ def topk_support(student_logp_BTV: jax.Array, topk_ids_BTK: jax.Array,
   if not 1 <= k <= vocab:
     raise ValueError(f"topk_support: k={k} must be in [1, V={vocab}]")
   if not isinstance(topk_ids_BTK, jax.core.Tracer):
-    lo, hi = int(jnp.min(topk_ids_BTK)), int(jnp.max(topk_ids_BTK))
+    ids = np.asarray(topk_ids_BTK)  # concrete ids (numpy: also inside another function's jit)
+    lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
       raise ValueError(f"topk_support: topk_ids range [{lo}, {hi}] is outside the student's "
                        f"vocabulary [0, {vocab}); the teacher must share the student's tokenizer")
@@ -84,15 +86,57 @@ def topk_support(student_logp_BTV: jax.Array, topk_ids_BTK: jax.Array,
   safe_BTV = jnp.where(empty_BT1, 0.0, outside_BTV)
   student_tail_BT1 = jnp.where(
       empty_BT1, -jnp.inf, jax.nn.logsumexp(safe_BTV, axis=-1, keepdims=True))
-  # Teacher tail: 1 - sum_k q_k. Summing K rounded probabilities leaves an
-  # error of order K * eps, which would read as (infinitely unlikely) student
-  # mass in a bucket the student has empty: a tail at or below tail_tol is 0.
-  # At K = V the tail is empty by definition.
-  if k == vocab:
-    teacher_tail_BT1 = jnp.full(student_tail_BT1.shape, -jnp.inf, teacher_BTK.dtype)
-  else:
-    tail_BT1 = 1.0 - jnp.sum(jnp.exp(teacher_BTK), axis=-1, keepdims=True)
-    teacher_tail_BT1 = jnp.where(tail_BT1 > tail_tol, jnp.log(jnp.maximum(tail_BT1, tail_tol)),
-                                 -jnp.inf)
+  teacher_tail_BT1 = _teacher_tail(teacher_BTK, vocab, tail_tol)
   return (jnp.concatenate([student_BTK, student_tail_BT1], axis=-1),
           jnp.concatenate([teacher_BTK, teacher_tail_BT1], axis=-1))
+
+
+def _teacher_tail(teacher_BTK: jax.Array, vocab: int, tail_tol: float) -> jax.Array:
+  """log(1 - sum_k q_k) [..., 1], -inf for an empty tail.
+
+  Summing K rounded probabilities leaves an error of order K * eps, which
+  would read as (infinitely unlikely) student mass in a bucket the student
+  has empty: a tail at or below tail_tol is 0. At K = V the tail is empty by
+  definition.
+  """
+  if teacher_BTK.shape[-1] == vocab:
+    return jnp.full(teacher_BTK.shape[:-1] + (1,), -jnp.inf, teacher_BTK.dtype)
+  tail_BT1 = 1.0 - jnp.sum(jnp.exp(teacher_BTK), axis=-1, keepdims=True)
+  return jnp.where(tail_BT1 > tail_tol, jnp.log(jnp.maximum(tail_BT1, tail_tol)), -jnp.inf)
+
+
+def topk_support_gathered(student_topk_logp_BTK: jax.Array, teacher_topk_logp_BTK: jax.Array, *,
+                          vocab: int, tail: str, tail_tol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+  """``topk_support`` from the student's log-probs at the teacher's ids only.
+
+  For a trainer that never holds the student's [..., V] log-probs
+  (``jaxrl_llm.kernels.gather_logprobs`` gives log p at the K ids). Same
+  outcomes and conventions as ``topk_support``; with ``"bucket"`` the
+  student's tail is log(1 - sum_k p_k) instead of a log-sum-exp over the
+  other ids, so a student tail mass at or below ``tail_tol`` (float
+  rounding of the sum) counts as 0, like the teacher's. ``vocab`` is V.
+  """
+  if tail not in TAILS:
+    raise ValueError(f"topk_support_gathered: tail={tail!r} is unknown; allowed: {TAILS}")
+  if not tail_tol >= 0.0:
+    raise ValueError(f"topk_support_gathered: tail_tol={tail_tol} must be >= 0")
+  if student_topk_logp_BTK.shape != teacher_topk_logp_BTK.shape:
+    raise ValueError(f"topk_support_gathered: student {student_topk_logp_BTK.shape} and teacher "
+                     f"{teacher_topk_logp_BTK.shape} top-k log-probs must have the same shape [..., K]")
+  k = student_topk_logp_BTK.shape[-1]
+  if not 1 <= k <= vocab:
+    raise ValueError(f"topk_support_gathered: k={k} must be in [1, V={vocab}]")
+  teacher_BTK = jax.lax.stop_gradient(teacher_topk_logp_BTK)
+  student_BTK = student_topk_logp_BTK
+  if tail == "renormalize":
+    return (student_BTK - jax.nn.logsumexp(student_BTK, axis=-1, keepdims=True),
+            teacher_BTK - jax.nn.logsumexp(teacher_BTK, axis=-1, keepdims=True))
+  if k == vocab:
+    student_tail_BT1 = jnp.full(student_BTK.shape[:-1] + (1,), -jnp.inf, student_BTK.dtype)
+  else:
+    # The double where keeps the gradient finite where the tail is empty.
+    mass_BT1 = 1.0 - jnp.sum(jnp.exp(student_BTK), axis=-1, keepdims=True)
+    has_BT1 = mass_BT1 > tail_tol
+    student_tail_BT1 = jnp.where(has_BT1, jnp.log(jnp.where(has_BT1, mass_BT1, 1.0)), -jnp.inf)
+  return (jnp.concatenate([student_BTK, student_tail_BT1], axis=-1),
+          jnp.concatenate([teacher_BTK, _teacher_tail(teacher_BTK, vocab, tail_tol)], axis=-1))

@@ -74,7 +74,8 @@ class ArithmeticTask:
   def _example(self, a: int, op: str, b: int, rng) -> Example:
     answer = str(eval(f"{a}{op}{b}"))  # noqa: S307 - two ints and one operator
     wrong = rng.random() < self.wrong_fraction
-    return Example(prompt=f"{a}{op}{b}=", answer=answer, demo=str(self._wrong(a, op, b)) if wrong else answer)
+    return Example(prompt=f"{a}{op}{b}=", answer=answer, demo=str(self._wrong(a, op, b)) if wrong else answer,
+                   tag=self.name)
 
   def examples(self, split: str, n: int) -> list[Example]:
     """`n` examples of `split`. A problem space of at most 10^5 problems is

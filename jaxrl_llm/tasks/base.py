@@ -20,6 +20,7 @@ class Example:
   prompt: str  # text shown to the model (before the chat template)
   answer: str  # reference answer given to the reward function
   demo: str = ""  # demonstration response for the SFT warm start (may be wrong on purpose)
+  tag: str = ""  # task tag (a built-in task's name, or a file row's data.tag_key): routes it to a teacher
 
 
 class Task(Protocol):

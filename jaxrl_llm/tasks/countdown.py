@@ -102,5 +102,5 @@ class CountdownTask:
         swapped = ops.copy()
         swapped[i] = {"+": "-", "-": "+", "*": "+"}[ops[i]]
         demo = str(nums[0]) + "".join(o + str(x) for o, x in zip(swapped, nums[1:]))
-      out.append(Example(prompt=prompt, answer=expr, demo=demo))
+      out.append(Example(prompt=prompt, answer=expr, demo=demo, tag=self.name))
     return out

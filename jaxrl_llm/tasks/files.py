@@ -1,7 +1,10 @@
 """Prompts and reference answers from a local JSONL or parquet file.
 
-Each row must hold the configured prompt key and answer key; a row missing
-either fails loading with an error naming the file and line (row for parquet).
+Each row must hold the configured prompt key and answer key (and the tag key
+when one is configured: the example's task tag, which routes it to a teacher;
+without a tag key every row is tagged with the task name, "file"); a row
+missing one fails loading with an error naming the file and line (row for
+parquet).
 The eval split is a second file if given, else a seeded held-out share of the
 rows.
 """
@@ -41,17 +44,21 @@ def _rows(path: str):
     raise ValueError(f"data file {path!r}: extension must be .jsonl, .json or .parquet")
 
 
-def load_examples(path: str, prompt_key: str, answer_key: str) -> list[Example]:
+def load_examples(path: str, prompt_key: str, answer_key: str, tag_key: str = "",
+                  default_tag: str = "file") -> list[Example]:
+  """The rows as Examples; the tag is row[tag_key], or ``default_tag`` without a tag key."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"data file {path!r} does not exist")
   out = []
   unit = "row" if path.endswith(".parquet") else "line"
+  keys = (prompt_key, answer_key) + ((tag_key,) if tag_key else ())
   for n, row in _rows(path):
-    for key in (prompt_key, answer_key):
+    for key in keys:
       if row.get(key) is None:
         raise ValueError(f"{path}:{n}: {unit} {n} has no {key!r} key "
-                         f"(keys present: {sorted(row)}); set data.prompt_key / data.answer_key")
-    out.append(Example(prompt=str(row[prompt_key]), answer=str(row[answer_key])))
+                         f"(keys present: {sorted(row)}); set data.prompt_key / data.answer_key / data.tag_key")
+    tag = str(row[tag_key]) if tag_key else default_tag
+    out.append(Example(prompt=str(row[prompt_key]), answer=str(row[answer_key]), tag=tag))
   if not out:
     raise ValueError(f"data file {path!r} holds no rows")
   return out
@@ -65,6 +72,7 @@ class FileTask:
   prompt_key: str = "prompt"
   answer_key: str = "answer"
   eval_path: str = ""  # held-out rows; empty: hold out eval_fraction of `path`
+  tag_key: str = ""  # row key of the task tag; empty: every row is tagged `name`
   eval_fraction: float = 0.05
   seed: int = 0
   name: str = "file"
@@ -72,9 +80,9 @@ class FileTask:
   def examples(self, split: str, n: int) -> list[Example]:
     check_split(split)
     if split == "eval" and self.eval_path:
-      rows = load_examples(self.eval_path, self.prompt_key, self.answer_key)
+      rows = load_examples(self.eval_path, self.prompt_key, self.answer_key, self.tag_key, self.name)
     else:
-      rows = load_examples(self.path, self.prompt_key, self.answer_key)
+      rows = load_examples(self.path, self.prompt_key, self.answer_key, self.tag_key, self.name)
       if not self.eval_path:
         want_eval = split == "eval"
         rows = [r for r in rows if in_eval_split(r.prompt, self.seed, self.eval_fraction) == want_eval]

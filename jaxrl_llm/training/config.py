@@ -74,6 +74,7 @@ class DataConfig:
   eval_path: str
   prompt_key: str
   answer_key: str
+  tag_key: str
   reward: str
   format_weight: float
   reward_timeout_s: float
@@ -82,6 +83,8 @@ class DataConfig:
   chat_template: bool
 
   def __post_init__(self):
+    if not isinstance(self.tag_key, str):
+      _fail("data.tag_key", self.tag_key, "a row key (str); empty: every row is tagged 'file'")
     _choice("data.reward", self.reward, REWARDS)
     _float("data.format_weight", self.format_weight, 0.0, 1.0)
     _float("data.reward_timeout_s", self.reward_timeout_s, 0.0, 3600.0, low_open=True)

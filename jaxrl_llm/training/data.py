@@ -22,6 +22,7 @@ class PromptBatch:
   mask_BP: np.ndarray  # bool [B, P], true on real prompt tokens
   prompts: tuple[str, ...]  # [B] prompt texts, as the reward function sees them
   answers: tuple[str, ...]  # [B] reference answers
+  tags: tuple[str, ...]  # [B] task tags (Example.tag): route samples to teachers
 
 
 def prompt_text(tokenizer, prompt: str, chat_template: bool) -> str:
@@ -49,7 +50,7 @@ def encode_prompts(tokenizer, examples: Sequence[Example], max_prompt_len: int,
       tokens_BP[b, max_prompt_len - len(ids):] = ids
       mask_BP[b, max_prompt_len - len(ids):] = True
   return PromptBatch(tokens_BP, mask_BP, tuple(e.prompt for e in examples),
-                     tuple(e.answer for e in examples))
+                     tuple(e.answer for e in examples), tuple(e.tag for e in examples))
 
 
 class PromptPipeline:

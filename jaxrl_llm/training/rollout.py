@@ -34,6 +34,7 @@ class Samples:
   topk_logp_BRK: np.ndarray  # f32 [B, R, K]
   prompts: tuple[str, ...]  # [B]
   answers: tuple[str, ...]  # [B]
+  tags: tuple[str, ...]  # [B] task tags (Example.tag)
   responses: tuple[str, ...]  # [B] decoded text up to EOS
 
 
@@ -66,6 +67,7 @@ def sample(sampler_params, model_cfg, prompts: PromptBatch, scfg: SamplingConfig
       topk_ids_BRK=np.asarray(ro.topk_ids_BRK, np.int32) if K else np.zeros((B, R, 0), np.int32),
       topk_logp_BRK=np.asarray(ro.topk_logp_BRK, np.float32) if K else np.zeros((B, R, 0), np.float32),
       prompts=tuple(prompts.prompts[i] for i in idx), answers=tuple(prompts.answers[i] for i in idx),
+      tags=tuple(prompts.tags[i] for i in idx),
       responses=tuple(tokenizer.decode(row) for row in tokens_BR))
 
 

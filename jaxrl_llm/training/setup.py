@@ -37,7 +37,7 @@ def make_task(cfg: RunConfig):
   reward = "math_verify" if cfg.data.reward == "auto" else cfg.data.reward
   fn, fmt = REWARD_FNS[reward]
   return FileTask(path=cfg.data.path, reward_fn=fn, format_fn=fmt, prompt_key=cfg.data.prompt_key,
-                  answer_key=cfg.data.answer_key, eval_path=cfg.data.eval_path,
+                  answer_key=cfg.data.answer_key, tag_key=cfg.data.tag_key, eval_path=cfg.data.eval_path,
                   eval_fraction=t.eval_fraction, seed=cfg.seed)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.objectives import distill
-from jaxrl_llm.objectives.distill_topk import topk_support
+from jaxrl_llm.objectives.distill_topk import topk_support, topk_support_gathered
 
 B, T, V = 2, 3, 6
 KINDS = ("reverse_kl", "forward_kl", "jsd")
@@ -100,3 +100,41 @@ def test_bad_input():
     topk_support(ls, ids + V, vals, tail="bucket")
   with pytest.raises(ValueError, match="same shape"):
     topk_support(ls, ids, vals[..., :1], tail="bucket")
+
+
+@pytest.mark.parametrize("tail", ["bucket", "renormalize"])
+@pytest.mark.parametrize("k", [1, 3, V])
+def test_gathered_support_equals_the_full_vocabulary_one(tail, k):
+  """From log p at the K ids only (what a kernel gathers): same support, value and gradient."""
+  ls, lt = _pair(4)
+  ids, vals = _teacher_topk(lt, k)
+
+  def full(l):
+    return distill.token_divergence(*topk_support(l, ids, vals, tail=tail), kind="jsd", beta=0.3)
+
+  def gathered(l):
+    lp = jnp.take_along_axis(l, ids, axis=-1)
+    return distill.token_divergence(*topk_support_gathered(lp, vals, vocab=V, tail=tail), kind="jsd", beta=0.3)
+
+  for a, b in zip(topk_support(ls, ids, vals, tail=tail),
+                  topk_support_gathered(jnp.take_along_axis(ls, ids, axis=-1), vals, vocab=V, tail=tail)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(gathered(ls), full(ls), rtol=1e-5, atol=1e-6)
+  g_f = jax.grad(lambda z: jnp.sum(full(jax.nn.log_softmax(z))))(ls)
+  g_g = jax.grad(lambda z: jnp.sum(gathered(jax.nn.log_softmax(z))))(ls)
+  np.testing.assert_allclose(g_g, g_f, rtol=1e-5, atol=1e-6)
+
+
+def test_gathered_bucket_with_an_empty_student_tail_is_finite():
+  # Student mass 1 on the two ids (tail 0), teacher tail 0.2: the student's bucket is empty.
+  lp = jnp.log(jnp.array([[[0.25, 0.75]]]))
+  lq = jnp.log(jnp.array([[[0.5, 0.3]]]))
+  s, t = topk_support_gathered(lp, lq, vocab=4, tail="bucket")
+  np.testing.assert_allclose(jnp.exp(s), [[[0.25, 0.75, 0.0]]], atol=1e-6)
+  np.testing.assert_allclose(jnp.exp(t), [[[0.5, 0.3, 0.2]]], atol=1e-6)
+  # RKL = 0.25 ln(0.25 / 0.5) + 0.75 ln(0.75 / 0.3) = -0.173287 + 0.687218 = 0.513931 (empty bucket: 0)
+  np.testing.assert_allclose(distill.reverse_kl(s, t), [[0.513931]], rtol=1e-5)
+  g = jax.grad(lambda l: jnp.sum(distill.reverse_kl(*topk_support_gathered(l, lq, vocab=4, tail="bucket"))))(lp)
+  assert np.all(np.isfinite(np.asarray(g)))
+  with pytest.raises(ValueError, match=r"k=5 must be in \[1, V=4\]"):
+    topk_support_gathered(jnp.zeros((1, 5)), jnp.zeros((1, 5)), vocab=4, tail="bucket")

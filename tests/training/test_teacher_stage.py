@@ -10,41 +10,10 @@ import pytest
 
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.objectives import distill, teacher as teacher_w
-from jaxrl_llm.tasks.tokenizer import CharTokenizer
 from jaxrl_llm.training import teacher as tlib
-from jaxrl_llm.training.data import encode_prompts
-from jaxrl_llm.tasks.base import Example
+from teacher_helpers import CFG, P_LEN, R_LEN, TOK, StepState, loss_context, make_samples, tiny_params
 
-TOK = CharTokenizer()
-CFG = model_lib.ModelConfig.tiny(TOK.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                                 head_dim=16, d_ff=64)
-P_LEN, R_LEN = 12, 4
-
-
-@dataclasses.dataclass(frozen=True)
-class FakeSamples:
-  prompt_BP: np.ndarray
-  prompt_mask_BP: np.ndarray
-  tokens_BR: np.ndarray
-  mask_BR: np.ndarray
-  prompts: tuple
-  answers: tuple
-
-
-def _samples():
-  exs = [Example("12+34=", "46"), Example("5+7=", "12"), Example("99+1=", "100")]
-  pb = encode_prompts(TOK, exs, P_LEN)
-  resp = ["46", "13", "10"]
-  tokens = np.zeros((3, R_LEN), np.int32)
-  mask = np.zeros((3, R_LEN), bool)
-  for b, r in enumerate(resp):
-    ids = TOK.encode(r) + [TOK.eos_id]
-    tokens[b, :len(ids)], mask[b, :len(ids)] = ids, True
-  return FakeSamples(pb.tokens_BP, pb.mask_BP, tokens, mask, pb.prompts, pb.answers)
-
-
-def _params(seed):
-  return model_lib.init_params(CFG, jax.random.key(seed))
+_samples, _params = make_samples, tiny_params
 
 
 def _reference_logq(params, ctx_ids, resp_ids):
@@ -113,8 +82,8 @@ def _fake_signals(gap_BR, mask_BR, with_full=False):
   return tlib.TeacherSignals(
       teacher_logp_BR=gap_BR, student_logp_BR=np.zeros_like(gap_BR), gap_BR=gap_BR,
       teacher_entropy_BR=np.full((B, R), np.log(4.0), np.float32), kl_BR=np.zeros_like(gap_BR),
-      teacher_logq_BRV=np.zeros((B, R, CFG.vocab_size), np.float32) if with_full else None,
-      has_teacher_B=np.array([True, True, False, True]))
+      has_teacher_B=np.array([True, True, False, True]),
+      loss_inputs={"teacher_hidden_BRD": np.zeros((B, R, CFG.d_model), np.float32)} if with_full else {})
 
 
 @pytest.mark.parametrize("signal", ["rlsd", "gap_advantage", "srpo", "distill"])
@@ -126,15 +95,18 @@ def test_apply_rewrites_advantages_per_signal(signal):
   cfg = tlib.TeacherConfig(source="sft", signal=signal, coef=2.0, rl_coef=0.5, eps_w=0.2, lam=0.5,
                            confidence_beta=0.5, tau_min=0.0, tau_max=1.0)
   stage = tlib.TeacherStage(cfg, None, CFG, CFG, TOK, temperature=1.0, max_prompt_len=P_LEN)
-  sig = _fake_signals(gap_BR, mask_BR, with_full=cfg.needs_full_logprobs)
+  sig = _fake_signals(gap_BR, mask_BR, with_full=cfg.loss_form)
   adv, extra, metrics = stage.apply(sig, adv_BR, mask_BR, correct_B)
   tau = np.exp(-0.5 * np.log(4.0))  # = 0.5, teacher entropy ln 4 everywhere
+  m = np.array([[1.0], [1.0], [0.0], [1.0]])  # has_teacher_B: row 2 has no teacher (m_i = 0)
   if signal == "rlsd":
-    want = np.asarray(teacher_w.rlsd_advantage(jnp.asarray(adv_BR), jnp.asarray(gap_BR), eps_w=0.2, lam=0.5))
+    want = np.asarray(teacher_w.rlsd_advantage(jnp.asarray(adv_BR), jnp.asarray(gap_BR * m), eps_w=0.2,
+                                               lam=0.5))
     np.testing.assert_allclose(adv, want * mask_BR, rtol=1e-6)
+    np.testing.assert_allclose(adv[2], adv_BR[2], rtol=1e-6)  # no teacher: u = 1
     assert extra == {}
   elif signal == "gap_advantage":
-    np.testing.assert_allclose(adv, (0.5 * adv_BR + 2.0 * tau * gap_BR) * mask_BR, rtol=1e-6)
+    np.testing.assert_allclose(adv, (0.5 * adv_BR + 2.0 * tau * gap_BR * m) * mask_BR, rtol=1e-6)
   elif signal == "srpo":
     # z_sdpo = (1 - c) m = (0, 1, 0, 1): rows 1 and 3 go to the teacher, GRPO keeps rows 0, 2.
     np.testing.assert_allclose(adv, adv_BR * np.array([[1], [0], [1], [0]]), rtol=1e-6)
@@ -142,35 +114,25 @@ def test_apply_rewrites_advantages_per_signal(signal):
     assert metrics["teacher/routed_frac"] == 0.5
   else:
     np.testing.assert_allclose(adv, 0.5 * adv_BR, rtol=1e-6)
-    np.testing.assert_allclose(extra["teacher_weight_BR"], 2.0 * tau, rtol=1e-6)
+    np.testing.assert_allclose(extra["teacher_weight_BR"], 2.0 * tau * m * mask_BR, rtol=1e-6)
+    assert extra["teacher_hidden_BRD"].shape == (4, 2, CFG.d_model)
   # Diagnostics over the 7 real tokens: gap sum 0.5 - 0.5 + 0.2 + 1 + 1 - 0.3 + 0.3 = 2.2.
   np.testing.assert_allclose(metrics["teacher/gap_mean"], 2.2 / 7, rtol=1e-6)
   np.testing.assert_allclose(metrics["teacher/entropy"], np.log(4.0), rtol=1e-6)
 
 
 def test_distill_term_value_is_the_token_mean_kl_of_the_signals():
+  """The loss term (teacher hidden states + head, vocab_cross) equals the signals' KL(p || q)."""
   s = _samples()
   teacher, student = _params(5), _params(6)
   cfg = tlib.TeacherConfig(source="sft", signal="distill")
   stage = tlib.TeacherStage(cfg, teacher, CFG, CFG, TOK, temperature=1.0, max_prompt_len=P_LEN)
   sig = stage.signals(s, student, step=0)
   _, extra, _ = stage.apply(sig, np.zeros(s.mask_BR.shape, np.float32), s.mask_BR, np.zeros(3))
+  # Only [B, R] signals and the teacher's [B, R, D] hidden states reach the host: no [B, R, V].
+  assert set(extra) == {"teacher_weight_BR", "teacher_hidden_BRD"}
+  assert extra["teacher_hidden_BRD"].shape == (3, R_LEN, CFG.d_model)
   (_, term), = stage.extra_terms("token_mean")
-  from jaxrl_llm.training.logprobs import response_hidden
-
-  @dataclasses.dataclass
-  class Ctx:
-    params: dict
-    hidden_BRD: jax.Array
-    batch: object
-    norms: object
-
-  @dataclasses.dataclass
-  class Batch:
-    mask_BR: jax.Array
-    extra_BR: dict
-
-  hidden = response_hidden(student, CFG, s.prompt_BP, s.prompt_mask_BP, s.tokens_BR, s.mask_BR)
-  ws = term(Ctx(student, hidden, Batch(jnp.asarray(s.mask_BR), extra), None))
+  ws = term(loss_context(student, CFG, s, extra, stage.heads(StepState(student, 0))))
   want = sig.kl_BR[s.mask_BR].mean()
   np.testing.assert_allclose(ws.value(), want, rtol=1e-5)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import load_config, shrink
+from conftest import load_config, make_trainer, shrink
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
 
@@ -51,6 +51,37 @@ def test_rlsd_and_srpo_runs_log_their_routing(tmp_path, quiet_log):
         assert "loss/teacher" in r
       else:
         assert r["teacher/routed_frac"] == 0.0 and "loss/teacher" not in r
+
+
+@pytest.mark.slow
+def test_routed_topk_sign_gated_distillation_trains(tmp_path, quiet_log):
+  """route_by_tag, topk and sign_gate together in the trainer.
+
+  The arithmetic prompts carry the tag "arithmetic", routed to a saved teacher
+  (another width than the student: only the vocabulary must match). The
+  reward is parity_reward, so groups have advantages of both signs and the
+  sign gate opens on some tokens, not all.
+  """
+  import jax
+  from jaxrl_llm import model as model_lib
+  from jaxrl_llm.model import hf_io
+  from jaxrl_llm.tasks.tokenizer import CharTokenizer
+
+  tcfg = model_lib.ModelConfig.tiny(CharTokenizer().vocab_size, d_model=48, n_layers=1, n_heads=2, n_kv_heads=1,
+                                    head_dim=24, d_ff=64)
+  hf_io.save_hf(model_lib.init_params(tcfg, jax.random.key(7)), tcfg, str(tmp_path / "teacher"))
+  c = shrink(load_config("opd"), **{
+      "train.steps": 2, "teacher.source": "checkpoint", "teacher.signal": "distill", "teacher.rl_coef": 1.0,
+      "teacher.route_by_tag": f"arithmetic={tmp_path / 'teacher'}",
+      "teacher.topk": 8, "teacher.topk_tail": "bucket", "teacher.sign_gate": True})
+  make_trainer(from_config_dict(c), tmp_path / "run", quiet_log).run()
+  rows = _rows(tmp_path / "run")
+  assert len(rows) == 2
+  for r in rows:
+    assert r["teacher/has_teacher_frac"] == 1.0 and r["teacher/routed_frac"] == 1.0
+    assert 0.0 < r["teacher/gate_open_frac"] < 1.0
+    assert 0.0 < r["loss/teacher"] < 10.0
+    assert r["grad/norm"] > 0.0
 
 
 def test_missing_teacher_checkpoint_fails_before_rl(tmp_path, quiet_log):
