@@ -94,7 +94,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.sft.batch_size = 128  # demonstrations per step
   c.sft.lr = 1e-3  # peak learning rate (warm-up then cosine decay to 10%); 3e-3 under-fits (loss 0.71 vs 0.16)
   c.sft.warmup_steps = 50  # linear LR warm-up, steps
-  c.sft.wrong_fraction = 0.7  # share of demonstrations that are systematically wrong (carry dropped)
+  c.sft.wrong_fraction = 0.6  # share of demonstrations that are systematically wrong (carry dropped)
 
   # ---- rollout -------------------------------------------------------------
   c.rollout = ml_collections.ConfigDict()
@@ -105,7 +105,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.rollout.top_k = 0  # sample from the k most likely tokens; 0 disables
   c.rollout.top_p = 1.0  # nucleus sampling mass; 1 disables
   c.rollout.sampler_dtype = "float32"  # float32 | bfloat16: a lower-precision sampler makes mu != pi_prox
-  c.rollout.staleness = 0  # k: the sampler uses params from k updates ago (PipelineRL-k); 0 is on-policy
+  c.rollout.staleness = 0  # k: step s samples with the params step s-k started from (PipelineRL-k; k updates ago with one update per step); 0 is on-policy
   c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
 
   # ---- filters and reward shaping ---------------------------------------------
@@ -122,8 +122,9 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.train.epochs = 1  # passes over each batch (K)
   c.train.mini_batches = 1  # optimizer updates per pass: the batch is split into this many mini-batches
   c.train.micro_batch_size = 0  # samples per forward/backward inside a mini-batch; 0: the whole mini-batch
-  c.train.lr = 3e-4  # peak learning rate (linear warm-up, then constant)
+  c.train.lr = 3e-4  # peak learning rate (linear warm-up, then train.lr_decay_to)
   c.train.warmup_steps = 10  # optimizer updates of linear warm-up
+  c.train.lr_decay_to = 0.1  # after warm-up, cosine decay to this share of train.lr at the last update; 1: constant
   c.train.weight_decay = 0.0  # AdamW decoupled weight decay
   c.train.b1 = 0.9  # Adam beta1
   c.train.b2 = 0.99  # Adam beta2
@@ -154,10 +155,10 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.teacher = ml_collections.ConfigDict()
   c.teacher.source = "none"  # none | sft (warm start + sft_steps on correct demos) | checkpoint | self
   c.teacher.checkpoint = ""  # source=checkpoint: HF directory or run workdir; same tokenizer as the student
-  c.teacher.sft_steps = 300  # source=sft: extra SFT steps on correct demonstrations, from the warm start
   # source=checkpoint, one teacher per task tag: "tagA=path1,tagB=path2" (the tag is a built-in task's
   # name, or a file row's data.tag_key); a sample whose tag is not listed gets no teacher (m_i = 0)
   c.teacher.route_by_tag = ""  # "": one teacher for every sample (teacher.checkpoint)
+  c.teacher.sft_steps = 300  # source=sft: extra SFT steps on correct demonstrations, from the warm start
   c.teacher.context = "prompt"  # what the teacher sees before the response: prompt | hint (answer + prompt)
   c.teacher.hint_template = "{answer}|{prompt}"  # context=hint: the privileged teacher context
   c.teacher.hint_sft_steps = 0  # source=self, context=hint: warm-start steps teaching the model to read hints
@@ -167,12 +168,12 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.teacher.signal = "distill"  # distill (loss form) | gap_advantage | srpo | rlsd
   c.teacher.divergence = "reverse_kl"  # distill/srpo: reverse_kl | forward_kl | jsd
   c.teacher.jsd_beta = 0.5  # divergence=jsd: beta in [0, 1] (0 = forward KL, 1 = reverse KL)
-  c.teacher.coef = 1.0  # weight of the teacher term (loss form) or of the gap (gap_advantage)
   c.teacher.topk = 0  # distill/srpo: 0 = divergence over the full vocabulary; k in [1, V]: the teacher's top-k
   c.teacher.topk_tail = "renormalize"  # topk > 0: renormalize (both on the top-k ids) | bucket (+ the rest)
+  c.teacher.coef = 1.0  # weight of the teacher term (loss form) or of the gap (gap_advantage)
   c.teacher.rl_coef = 0.0  # distill/gap_advantage: weight of the reward advantage (0: pure distillation)
-  c.teacher.eps_w = 0.2  # rlsd: the multiplier is clipped to [1 - eps_w, 1 + eps_w], eps_w in [0, 1)
   c.teacher.sign_gate = False  # SG-OPD: teacher term only where sign(log q(y) - log p(y)) = sign(A); not rlsd
+  c.teacher.eps_w = 0.2  # rlsd: the multiplier is clipped to [1 - eps_w, 1 + eps_w], eps_w in [0, 1)
   c.teacher.lam = 1.0  # rlsd: lambda, share of the teacher-modulated advantage, in [0, 1]
   c.teacher.confidence_beta = 0.0  # tau = clip(exp(-beta H(q)), tau_min, tau_max); 0: tau = 1
   c.teacher.tau_min = 0.0  # lower clip of tau

@@ -204,6 +204,7 @@ class TrainConfig:
   micro_batch_size: int
   lr: float
   warmup_steps: int
+  lr_decay_to: float
   weight_decay: float
   b1: float
   b2: float
@@ -217,6 +218,7 @@ class TrainConfig:
     _int("train.micro_batch_size", self.micro_batch_size, 0)
     _float("train.lr", self.lr, 0.0, 1.0, low_open=True)
     _int("train.warmup_steps", self.warmup_steps, 0)
+    _float("train.lr_decay_to", self.lr_decay_to, 0.0, 1.0)
     _float("train.weight_decay", self.weight_decay, 0.0, 10.0)
     _float("train.b1", self.b1, 0.0, 1.0)
     _float("train.b2", self.b2, 0.0, 1.0)

@@ -71,15 +71,16 @@ class Trainer:
     self.hooks: list[StepHook] = []
 
     tr = cfg.train
-    self.lr_schedule = warmup_schedule(tr.lr, tr.warmup_steps)
+    total_updates = tr.steps * tr.epochs * tr.mini_batches
+    self.lr_schedule = warmup_schedule(tr.lr, tr.warmup_steps, total_updates, decay_to=tr.lr_decay_to)
     self.tx = adamw(self.lr_schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay, clip_norm=tr.clip_norm)
     self.vtx = adamw(warmup_schedule(tr.value_lr, tr.warmup_steps), b1=tr.b1, b2=tr.b2, weight_decay=0.0,
                      clip_norm=tr.clip_norm)
     self.extra_terms = tuple(extra_terms)
-    self.model_cfg = None
     self.aux_providers: list[AuxProvider] = []
     if cfg.objective.needs_token_kl:
       self.aux_providers.append(behaviour_head)  # TRM's mu: the sampler's output head
+    self.model_cfg = None
     self.update_fn = None
 
   # ---- helpers the step uses ----------------------------------------------------
@@ -97,7 +98,6 @@ class Trainer:
     """Extra per-token loss inputs ({name: f32 [B, R]}), e.g. a teacher's log-probs."""
     return self._extra_inputs(self, state, samples) if self._extra_inputs else {}
 
-  # ---- building ------------------------------------------------------------------
   def update_aux(self, state: TrainState) -> dict:
     """The update's `aux` ({name: array}, no batch axis): the merged outputs of
     `aux_providers`, replicated over the mesh."""
@@ -111,6 +111,7 @@ class Trainer:
       aux.update(part)
     return jax.device_put(aux, mesh_lib.replicated(self.mesh))
 
+  # ---- building ------------------------------------------------------------------
   def _opt_init(self, tx, params):
     return mesh_lib.onto_mesh(tx.init(params), self.mesh)
 
@@ -145,8 +146,8 @@ class Trainer:
     sh = lambda tree: jax.tree.map(lambda a: a.sharding, tree)  # noqa: E731
     shardings = (sh(state.params), sh(state.opt_state), sh(state.value_params), sh(state.value_opt_state))
     # The four state trees are donated: the update replaces them, the old buffers are dead.
-    self.update_fn = jax.jit(functools.partial(update_step, spec=spec, tx=self.tx, vtx=self.vtx),
     # `aux` (update_aux) is replicated and not donated: the step's updates share it.
+    self.update_fn = jax.jit(functools.partial(update_step, spec=spec, tx=self.tx, vtx=self.vtx),
                              in_shardings=shardings + (self.batch_sharding, mesh_lib.replicated(self.mesh)),
                              out_shardings=shardings + (mesh_lib.replicated(self.mesh),),
                              donate_argnums=(0, 1, 2, 3))

@@ -20,7 +20,7 @@ class TrainState:
   value_params: dict  # value head {w1_DF [D, F], b1_F [F], w2_F [F], b2 []} (PPO; unused otherwise)
   value_opt_state: tuple  # optax state of `value_params`
   ref_params: dict | None  # frozen pi_ref (the warm-started model) when the KL needs it, else None
-  lag_params: tuple  # k policy snapshots, oldest first: the sampler uses lag_params[0] (k = staleness)
+  lag_params: tuple  # (theta_{s-k}, ..., theta_{s-1}) at step s, oldest first; the sampler uses lag_params[0]
   key: jax.Array  # PRNG key, split once per step
   data_state: dict = struct.field(pytree_node=False, default_factory=dict)  # grain iterator state (host)
 
@@ -29,7 +29,8 @@ class TrainState:
     return self.lag_params[0] if self.lag_params else self.params
 
   def push_lag(self, params) -> "TrainState":
-    """Records the new params as the newest snapshot, dropping the oldest."""
+    """Appends theta_s (the params step s started from) as the newest snapshot,
+    dropping the oldest; called once step s's updates are done."""
     if not self.lag_params:
       return self
     return self.replace(lag_params=self.lag_params[1:] + (params,))

@@ -146,8 +146,13 @@ def rl_step(tr, state: TrainState) -> tuple[TrainState, dict]:
   key, k_sample = jax.random.split(state.key)
   samples, scores, keep_B, stats = _rollout_and_score(tr, state, k_sample)
   batch, b_stats = build_batch(tr, state, samples, scores, keep_B)
+  # theta_s joins the lag buffer once this step's updates have replaced it, so
+  # step s samples with theta_{s-k} (k = staleness); the update donates
+  # state.params, hence the copy before it.
+  theta_s = tr.snapshot(state.params) if state.lag_params else None
   state, u_stats = run_updates(tr, state, batch)
-  state = state.push_lag(tr.snapshot(state.params))
+  if theta_s is not None:
+    state = state.push_lag(theta_s)
   state = state.replace(step=state.step + 1, key=key, data_state=tr.pipeline.get_state())
   metrics = {**stats, **b_stats, **u_stats}
   metrics["trust/clip_frac"] = metrics.get("trust/clip_low_frac", 0.0) + metrics.get("trust/clip_high_frac", 0.0)

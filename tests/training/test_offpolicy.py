@@ -58,3 +58,19 @@ def test_several_updates_per_batch_move_r(tmp_path, quiet_log):
   assert r["update/count"] == 8
   assert r["ratio/r_max"] > 1.0 + 1e-3 or r["ratio/r_min"] < 1.0 - 1e-3
   np.testing.assert_allclose(r["ratio/c_mean"], 1.0, atol=1e-4)
+
+
+def test_staleness_k_samples_with_the_params_from_k_steps_before(tmp_path, quiet_log):
+  # Step s must sample with theta_{s-k}: after 3 steps with k = 2 the buffer is
+  # (theta_1, theta_2), theta_s being the params after s steps.
+  cfg = from_config_dict(shrink(load_config("grpo"), **{
+      "rollout.staleness": 2, "train.steps": 3, "train.lr": 1e-2, "train.warmup_steps": 0}))
+  tr = make_trainer(cfg, tmp_path, quiet_log)
+  after = []
+  tr.hooks.append(lambda t, state, metrics: after.append(np.asarray(state.params["embed_VD"])))
+  tr.run()
+  lag = [np.asarray(p["embed_VD"]) for p in tr.final_state.lag_params]
+  assert len(lag) == 2
+  np.testing.assert_array_equal(lag[0], after[0])
+  np.testing.assert_array_equal(lag[1], after[1])
+  assert np.abs(after[2] - after[1]).max() > 0  # the steps really moved the params
