@@ -15,6 +15,8 @@ sampling (temperature 1, no truncation), no EOS so every row emits exactly
 tokens/s = batch * new_tokens / wall seconds of one full generate call
 (prefill included, compile excluded: one warm-up call first; best of --repeats);
 tokens_per_cpu_s divides by the process's CPU seconds instead (robust to load).
+--cpu-devices N shards ours' rows over N CPU devices (data parallel over the
+cores, as the trainer's mesh would); transformers uses torch's thread pool.
 A greedy parity check (ours vs transformers on the same weights) is recorded
 too, so the comparison is known to run the same model.
 """
@@ -34,6 +36,7 @@ import numpy as np
 
 from jaxrl_llm.model import ModelConfig, forward, init_params, logits
 from jaxrl_llm.model.hf_io import save_hf
+from jaxrl_llm.model.sharding import MeshConfig, make_mesh, shard_params
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.generate import generate
 
@@ -111,8 +114,16 @@ def main():
   parser.add_argument("--xla-threads", type=int, default=None,
                       help="1: run ours single-threaded (XLA's CPU thread pool off), as torch's best "
                            "setting on a loaded 2-core machine; default: XLA's default (all cores)")
+  parser.add_argument("--cpu-devices", type=int, default=1,
+                      help="N > 1: expose the CPU as N JAX devices and shard ours' rows over a (N, 1, 1) "
+                           "mesh (data parallel, the way the trainer uses a mesh); default 1")
   parser.add_argument("--skip", nargs="*", default=(), choices=("ours", "hf_transformers", "no_cache"))
   args = parser.parse_args()
+  if args.cpu_devices < 1:
+    parser.error(f"--cpu-devices={args.cpu_devices}: must be >= 1")
+  if args.cpu_devices > 1:  # read when XLA's CPU client starts (first use below), like --xla-threads
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={args.cpu_devices}")
   if args.xla_threads is not None:
     if args.xla_threads != 1:
       parser.error("--xla-threads: only 1 is supported (XLA's CPU pool size is not settable per run)")
@@ -137,7 +148,8 @@ def main():
                  "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
                  "batch": B, "prompt_len": P, "new_tokens": R, "sampling": "temperature 1, no top-k/top-p",
                  "ours_dtype": args.dtype or cfg.param_dtype,
-                 "ours_xla_threads": args.xla_threads or "default", "torch_threads_tried": args.threads,
+                 "ours_xla_threads": args.xla_threads or "default", "ours_cpu_devices": args.cpu_devices,
+                 "torch_threads_tried": args.threads,
                  "no_cache_timed_steps": args.no_cache_steps,
                  "repeats": args.repeats, "timing": "best wall time of one full generate call, prefill included"},
       "machine": {"cpu_count": os.cpu_count(), "loadavg_before": os.getloadavg(),
@@ -147,7 +159,12 @@ def main():
 
   if "ours" not in args.skip:
     prompt_j, mask_j = jnp.asarray(prompt_BP), jnp.asarray(mask_BP)
-    run = lambda: generate(params, cfg, prompt_j, mask_j, scfg, jax.random.key(2)).tokens_BR.block_until_ready()
+    mesh, ours_params = None, params
+    if args.cpu_devices > 1:
+      mesh = make_mesh(MeshConfig(args.cpu_devices, 1, 1))
+      ours_params = shard_params(params, cfg, mesh)
+    run = lambda: generate(ours_params, cfg, prompt_j, mask_j, scfg, jax.random.key(2),
+                           mesh=mesh).tokens_BR.block_until_ready()
     secs, cpu = _best_time(run, args.repeats)
     results["ours"] = {"tokens_per_s": n_tokens / secs, "seconds": secs,
                        "tokens_per_cpu_s": n_tokens / cpu, "cpu_seconds": cpu}
