@@ -5,6 +5,13 @@ into slots [index, index + T), marks them valid where mask_BT is true, and
 each query attends to valid slots <= its own slot. RoPE uses positions_BT,
 independent of slots, so left-padded prompts work: padding occupies slots
 but is never valid.
+
+Layout: one [B, K_kv, S, H] array per layer (a tuple), not one stacked
+[L, ...] array. Each layer's keys and values are then a buffer of their own
+that attention reads directly and that a decode step updates in place; from
+a stacked array every layer would first slice (copy) its part out at every
+step. Head-major [K, S, H] makes q k^T and p v plain batched matmuls over
+(B, K), with no transpose of the cache (see layers.attention).
 """
 
 from __future__ import annotations
@@ -18,15 +25,20 @@ from jaxrl_llm.model.config import ModelConfig
 
 @flax.struct.dataclass
 class KVCache:
-  k_LBSKH: jax.Array  # keys after RoPE (and QK-norm), compute dtype
-  v_LBSKH: jax.Array  # values
+  k_BKSH: tuple[jax.Array, ...]  # per layer: keys after RoPE (and QK-norm), compute dtype
+  v_BKSH: tuple[jax.Array, ...]  # per layer: values
   mask_BS: jax.Array  # bool: slot holds a real token
   index: jax.Array  # int32 scalar: next slot to write, shared by all rows
 
   @property
   def length(self) -> int:
     """S, the number of slots."""
-    return self.k_LBSKH.shape[2]
+    return self.k_BKSH[0].shape[2]
+
+  def map_kv(self, fn) -> "KVCache":
+    """The cache with fn applied to every layer's keys and values."""
+    return self.replace(k_BKSH=tuple(fn(k) for k in self.k_BKSH),
+                        v_BKSH=tuple(fn(v) for v in self.v_BKSH))
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
@@ -35,10 +47,10 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
   dtype = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
-  shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
   return KVCache(
-      k_LBSKH=jnp.zeros(shape, dtype),
-      v_LBSKH=jnp.zeros(shape, dtype),
+      k_BKSH=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+      v_BKSH=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
       mask_BS=jnp.zeros((batch, length), jnp.bool_),
       index=jnp.zeros((), jnp.int32),
   )

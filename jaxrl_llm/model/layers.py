@@ -74,40 +74,29 @@ def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax
   return x_BTNH * cos + rotated * sin
 
 
-def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
+def attention(q_BTNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array,
               allowed_BTS: jax.Array) -> jax.Array:
   """Softmax(q k^T / sqrt(H)) v over the allowed (query, slot) pairs; GQA.
 
+  Keys and values come head-major, [B, K, S, H] (the KV cache's layout), so
+  both products are batched matmuls over (B, K) with no transpose of the
+  keys or values: at decode, where they are the whole cache, a transpose
+  would copy every layer's cache at every step.
   A query row with no allowed slot (a padding query) returns zeros, not NaN,
   and passes no gradient anywhere.
   """
   B, T, N, H = q_BTNH.shape
-  K = k_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-  if T == 1:
-    # Decode: one query per row. As a batched dot, XLA first transposes the
-    # whole [B, S, K, H] cache into dot layout (a copy of every layer's cache
-    # per step); a broadcast multiply + reduce reads it in place instead.
-    prod_BKGSH = (q_BTKGH[:, 0, :, :, None, :].astype(jnp.float32)
-                  * jnp.transpose(k_BSKH, (0, 2, 1, 3))[:, :, None].astype(jnp.float32))
-    scores_BKGTS = jnp.sum(prod_BKGSH, axis=-1)[:, :, :, None, :] * (H ** -0.5)
-  else:
-    scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
-                              preferred_element_type=jnp.float32) * (H ** -0.5)
+  K = k_BKSH.shape[1]
+  q_BKGTH = jnp.transpose(q_BTNH.reshape(B, T, K, N // K, H), (0, 2, 3, 1, 4))
+  scores_BKGTS = jnp.einsum("BKGTH,BKSH->BKGTS", q_BKGTH, k_BKSH,
+                            preferred_element_type=jnp.float32) * (H ** -0.5)
   allowed_B11TS = allowed_BTS[:, None, None, :, :]
   scores_BKGTS = jnp.where(allowed_B11TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
   probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1)
   # Fully masked rows softmax to uniform; zero them so padding reads nothing.
-  probs_BKGTS = jnp.where(allowed_B11TS, probs_BKGTS, 0.0).astype(v_BSKH.dtype)
-  if T == 1:
-    # Probs rounded to v's dtype first, products and sum in f32, as the dot
-    # below does: a bf16 decode step matches a bf16 full forward.
-    prod_BKGSH = (probs_BKGTS[:, :, :, 0, :, None].astype(jnp.float32)
-                  * jnp.transpose(v_BSKH, (0, 2, 1, 3))[:, :, None].astype(jnp.float32))
-    out_BTKGH = jnp.sum(prod_BKGSH, axis=3)[:, None].astype(v_BSKH.dtype)
-  else:
-    out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
-  return out_BTKGH.reshape(B, T, N, H)
+  probs_BKGTS = jnp.where(allowed_B11TS, probs_BKGTS, 0.0).astype(v_BKSH.dtype)
+  out_BKGTH = jnp.einsum("BKGTS,BKSH->BKGTH", probs_BKGTS, v_BKSH)
+  return jnp.transpose(out_BKGTH, (0, 3, 1, 2, 4)).reshape(B, T, N, H)
 
 
 def swiglu(x_BTD: jax.Array, w_gate_DF: jax.Array, w_up_DF: jax.Array,

@@ -133,8 +133,8 @@ def cache_sharding(cfg: ModelConfig, mesh: Mesh):
   """Shardings for a KVCache: batch over data x fsdp, kv-heads over tensor."""
   from jaxrl_llm.model.cache import KVCache
   check_divisible(cfg, mesh)
-  kv = NamedSharding(mesh, P(None, BATCH_AXES, None, LOGICAL_RULES["kv_heads"], None))
-  return KVCache(k_LBSKH=kv, v_LBSKH=kv, mask_BS=batch_sharding(mesh, 2),
+  kv = (NamedSharding(mesh, P(BATCH_AXES, LOGICAL_RULES["kv_heads"], None, None)),) * cfg.n_layers
+  return KVCache(k_BKSH=kv, v_BKSH=kv, mask_BS=batch_sharding(mesh, 2),
                  index=replicated(mesh))
 
 

@@ -6,7 +6,8 @@ plain dict the sharding annotations are one parallel tree of logical axes
 (params.py), Hugging Face names map to our tensors by a flat table
 (hf_io.py), and checkpoints, optimizers and `jax.grad` see exactly the
 arrays, with no module state to split and merge. Layers are stacked and run
-with `lax.scan`, optionally under `jax.checkpoint` (cfg.remat).
+with `lax.scan`, optionally under `jax.checkpoint` (cfg.remat); with a KV
+cache (sampling) they run as a Python loop over per-layer buffers instead.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def _qkv(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH):
           v_BTKH)
 
 
-def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BSKH, v_BSKH, allowed_BTS):
+def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BKSH, v_BKSH, allowed_BTS):
   """The rest of one pre-norm block, given the keys and values to attend over."""
   dt = cfg.compute_jnp_dtype
-  attn_BTNH = nn.attention(q_BTNH, k_BSKH.astype(dt), v_BSKH.astype(dt), allowed_BTS)
+  attn_BTNH = nn.attention(q_BTNH, k_BKSH.astype(dt), v_BKSH.astype(dt), allowed_BTS)
   x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, p["wo_NHD"])
   h_BTD = nn.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps)
   return x_BTD + nn.swiglu(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"])
@@ -79,6 +80,26 @@ def _cast_layer(cfg: ModelConfig, layer_params: dict) -> dict:
 def _strip_layer_axis(layer_params: dict) -> dict:
   """Rename 'wq_LDNH' -> 'wq_DNH' for the per-layer slice inside the scan."""
   return {name.replace("_L", "_", 1): value for name, value in layer_params.items()}
+
+
+def unstack_layers(params: dict) -> dict:
+  """params with "layers" as a tuple of per-layer dicts instead of stacked
+  [L, ...] arrays (same values, same names).
+
+  `forward` with a cache accepts either form. A decode loop unstacks once,
+  outside the loop: every layer's weights are then buffers of their own, where
+  slicing a stacked array inside the loop copies every weight at every step.
+  """
+  layers = params["layers"]
+  if isinstance(layers, (tuple, list)):
+    return params
+  n_layers = next(iter(layers.values())).shape[0]
+  return {**params, "layers": tuple({name: value[l] for name, value in layers.items()}
+                                    for l in range(n_layers))}
+
+
+def _bkth(x_BTKH: jax.Array) -> jax.Array:
+  return jnp.transpose(x_BTKH, (0, 2, 1, 3))
 
 
 def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
@@ -99,10 +120,10 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     slots_S = slots_T
   else:
     S = cache.length
-    if cache.k_LBSKH.shape[:2] != (cfg.n_layers, B):
+    if len(cache.k_BKSH) != cfg.n_layers or cache.k_BKSH[0].shape[0] != B:
       raise ValueError(
-          f"forward: cache k_LBSKH has shape {cache.k_LBSKH.shape}, expected leading "
-          f"(n_layers, batch) = {(cfg.n_layers, B)}")
+          f"forward: cache has {len(cache.k_BKSH)} layers of batch {cache.k_BKSH[0].shape[0]}, "
+          f"expected (n_layers, batch) = {(cfg.n_layers, B)}")
     if T > S:
       raise ValueError(f"forward: {T} tokens do not fit in a cache of {S} slots")
     index = cache.index
@@ -116,39 +137,32 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     def body(x_BTD, layer_params):
       p = _cast_layer(cfg, layer_params)
       q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
-      return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BTKH, v_BTKH, allowed_BTS), None
-    xs = params["layers"]
-    carry = x_BTD
+      return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, _bkth(k_BTKH), _bkth(v_BTKH), allowed_BTS), None
+    if cfg.remat != "none":
+      body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+    x_BTD, _ = jax.lax.scan(body, x_BTD, params["layers"])
+    new_cache = None
   else:
-    # The whole [L, B, S, K, H] cache rides in the scan carry and each layer
-    # writes only its T new slots with dynamic_update_slice. As scan xs/ys
-    # instead, every call would build a fresh cache buffer and copy it back
-    # into the caller's (four full-cache copies per decode step in the
-    # compiled loop); as a carry the update is in place, so a donated cache
-    # stays in place through prefill and every decode step.
-    def body(carry, xs):
-      x_BTD, k_LBSKH, v_LBSKH = carry
-      layer_params, layer = xs
-      p = _cast_layer(cfg, layer_params)
+    # With a cache (sampling: prefill and decode) the layers run as a Python
+    # loop over per-layer buffers. Each layer writes its T new slots into its
+    # own cache arrays with dynamic_update_slice (in place in a donated or
+    # loop-carried cache) and attends over them directly; a scan would have
+    # to slice every layer's cache and weights out of stacked arrays (a copy
+    # of each at every decode step).
+    layers = unstack_layers(params)["layers"]
+    k_layers, v_layers = [], []
+    for layer in range(cfg.n_layers):
+      p = _cast_layer(cfg, layers[layer])
       q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
-      start = (layer, 0, index, 0, 0)
-      k_LBSKH = jax.lax.dynamic_update_slice(k_LBSKH, k_BTKH[None].astype(k_LBSKH.dtype), start)
-      v_LBSKH = jax.lax.dynamic_update_slice(v_LBSKH, v_BTKH[None].astype(v_LBSKH.dtype), start)
-      k_BSKH = jax.lax.dynamic_index_in_dim(k_LBSKH, layer, 0, keepdims=False)
-      v_BSKH = jax.lax.dynamic_index_in_dim(v_LBSKH, layer, 0, keepdims=False)
-      x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BSKH, v_BSKH, allowed_BTS)
-      return (x_BTD, k_LBSKH, v_LBSKH), None
-    xs = (params["layers"], jnp.arange(cfg.n_layers, dtype=jnp.int32))
-    carry = (x_BTD, cache.k_LBSKH, cache.v_LBSKH)
-
-  if cfg.remat != "none":
-    body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
-  carry, _ = jax.lax.scan(body, carry, xs)
-  x_BTD = carry if cache is None else carry[0]
+      k_BKSH, v_BKSH = cache.k_BKSH[layer], cache.v_BKSH[layer]
+      k_BKSH = jax.lax.dynamic_update_slice(k_BKSH, _bkth(k_BTKH).astype(k_BKSH.dtype), (0, 0, index, 0))
+      v_BKSH = jax.lax.dynamic_update_slice(v_BKSH, _bkth(v_BTKH).astype(v_BKSH.dtype), (0, 0, index, 0))
+      x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKSH, v_BKSH, allowed_BTS)
+      k_layers.append(k_BKSH)
+      v_layers.append(v_BKSH)
+    new_cache = KVCache(k_BKSH=tuple(k_layers), v_BKSH=tuple(v_layers), mask_BS=kv_mask_BS,
+                        index=index + T)
   hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps)
-  if cache is None:
-    return hidden_BTD, None
-  new_cache = KVCache(k_LBSKH=carry[1], v_LBSKH=carry[2], mask_BS=kv_mask_BS, index=index + T)
   return hidden_BTD, new_cache
 
 

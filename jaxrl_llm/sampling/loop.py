@@ -27,7 +27,7 @@ from flax import struct
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm.model import KVCache, forward, init_cache, logits
+from jaxrl_llm.model import KVCache, forward, init_cache, logits, unstack_layers
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.sharding import LOGICAL_RULES
 from jaxrl_llm.sampling.config import SamplingConfig
@@ -39,7 +39,7 @@ from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, R
 class DecodeState:
   """The while-loop carry. B = prompts x n_samples, R = max_new_tokens, K = record_topk."""
 
-  cache: KVCache  # k/v [L, B, S, K_kv, H]; mask_BS; index = next slot
+  cache: KVCache  # per layer k/v [B, K_kv, S, H]; mask_BS; index = next slot
   step: jax.Array  # [] int32: number of tokens sampled so far
   row_keys_B: jax.Array  # [B] PRNG keys, one stream per row
   prompt_len_B: jax.Array  # [B] int32 real prompt tokens (RoPE position of response token 0)
@@ -72,9 +72,8 @@ def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: tuple[str, ...]
   kv_axis = kv_axis if kv_axis in mesh.axis_names else None
   changes = {f.name: rows(getattr(state, f.name), 0) for f in dataclasses.fields(state)
              if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
-  cache = state.cache.replace(k_LBSKH=rows(state.cache.k_LBSKH, 1, None, kv_axis, None),
-                              v_LBSKH=rows(state.cache.v_LBSKH, 1, None, kv_axis, None),
-                              mask_BS=rows(state.cache.mask_BS, 0))
+  cache = state.cache.map_kv(lambda kv: rows(kv, 0, kv_axis, None, None))
+  cache = cache.replace(mask_BS=rows(cache.mask_BS, 0))
   return state.replace(cache=cache, **changes)
 
 
@@ -167,9 +166,7 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
   logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
   # Group g's rows are g*n .. g*n + n - 1: repeat each prompt's cache n times.
   rep = functools.partial(jnp.repeat, repeats=n, axis=0, total_repeat_length=B)
-  cache = cache.replace(k_LBSKH=jnp.repeat(cache.k_LBSKH, n, axis=1, total_repeat_length=B),
-                        v_LBSKH=jnp.repeat(cache.v_LBSKH, n, axis=1, total_repeat_length=B),
-                        mask_BS=rep(cache.mask_BS))
+  cache = cache.map_kv(rep).replace(mask_BS=rep(cache.mask_BS))
   K = cfg.record_topk
   state = DecodeState(
       cache=cache,
@@ -215,11 +212,10 @@ def _resize_cache(cache: KVCache, length: int) -> KVCache:
   """The cache cut or zero-padded to `length` slots (new slots invalid)."""
   S = cache.length
   if length <= S:
-    return cache.replace(k_LBSKH=cache.k_LBSKH[:, :, :length], v_LBSKH=cache.v_LBSKH[:, :, :length],
-                         mask_BS=cache.mask_BS[:, :length])
-  pad = ((0, 0), (0, 0), (0, length - S), (0, 0), (0, 0))
-  return cache.replace(k_LBSKH=jnp.pad(cache.k_LBSKH, pad), v_LBSKH=jnp.pad(cache.v_LBSKH, pad),
-                       mask_BS=jnp.pad(cache.mask_BS, ((0, 0), (0, length - S))))
+    return cache.map_kv(lambda kv: kv[:, :, :length]).replace(mask_BS=cache.mask_BS[:, :length])
+  pad = ((0, 0), (0, 0), (0, length - S), (0, 0))
+  return cache.map_kv(lambda kv: jnp.pad(kv, pad)).replace(
+      mask_BS=jnp.pad(cache.mask_BS, ((0, 0), (0, length - S))))
 
 
 # The state is donated and returned: the loop writes the cache and the record
@@ -236,7 +232,8 @@ def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: Sam
   it the loop runs in segments over growing cache prefixes (same tokens,
   less attention work), without it in one loop over all S slots.
   """
-  params = cast_params(params, cfg.dtype)
+  # Per-layer weights sliced out once, here, not inside the loop at every step.
+  params = unstack_layers(cast_params(params, cfg.dtype))
   R = cfg.max_new_tokens
   S = state.cache.length
 

@@ -17,6 +17,8 @@ elsewhere.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -79,6 +81,17 @@ def process_logits(logits_BV: jax.Array, *, temperature: float, top_k: int = 0,
   return jax.nn.log_softmax(z_BV, axis=-1)
 
 
+def _block_size(vocab: int) -> int:
+  """About sqrt(V), rounded up to a multiple of 128: both levels stay short."""
+  return 128 * max(1, math.ceil(math.sqrt(vocab) / 128))
+
+
+def _last_true(x_BN: jax.Array) -> jax.Array:
+  """Index of the last True along the last axis (0 if none)."""
+  n = x_BN.shape[-1]
+  return (n - 1 - jnp.argmax(x_BN[..., ::-1], axis=-1)).astype(jnp.int32)
+
+
 def sample_from_logp(keys_B: jax.Array, logp_BV: jax.Array) -> jax.Array:
   """One token per row from log mu, row b drawn with its own key keys_B[b].
 
@@ -88,18 +101,38 @@ def sample_from_logp(keys_B: jax.Array, logp_BV: jax.Array) -> jax.Array:
   ids of zero mass (truncated away) can never be drawn: their cumulative mass
   equals their predecessor's.
 
+  The search runs on two levels, so no [B, V] cumulative sum (a long serial
+  scan, the costliest part of a step on a CPU when done over V) is built:
+  the vocabulary is cut into blocks of C ~ sqrt(V) ids, the block holding the
+  target is found from the cumulative block masses, and only that block's
+  C masses are accumulated. Where float rounding leaves the target at or
+  above every cumulative mass it is compared with (probability ~2^-24), the
+  last id of positive mass before that point stands in.
+
   Per-row keys make a row's sample independent of which other rows share the
   batch (batched == one-by-one for a given row key).
   """
-  p_BV = jnp.exp(logp_BV.astype(jnp.float32))
-  cdf_BV = jnp.cumsum(p_BV, axis=-1)
+  B, V = logp_BV.shape
+  C = _block_size(V)
+  N = -(-V // C)
+  logp_BV = logp_BV.astype(jnp.float32)
+  if N * C != V:
+    logp_BV = jnp.pad(logp_BV, ((0, 0), (0, N * C - V)), constant_values=NEG_INF)
+  logp_BNC = logp_BV.reshape(B, N, C)
+  block_mass_BN = jnp.sum(jnp.exp(logp_BNC), axis=-1)
+  cum_BN = jnp.cumsum(block_mass_BN, axis=-1)
   u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
-  target_B1 = (u_B * cdf_BV[:, -1])[:, None]
-  above_BV = cdf_BV > target_B1
-  # u * total rounding up to the total (probability ~2^-24) would leave no id
-  # above it; the most likely id stands in for that case.
-  return jnp.where(jnp.any(above_BV, axis=-1), jnp.argmax(above_BV, axis=-1),
-                   jnp.argmax(logp_BV, axis=-1)).astype(jnp.int32)
+  target_B = u_B * cum_BN[:, -1]
+  # The first block whose cumulative mass exceeds the target (never past
+  # the last block of positive mass).
+  block_B = jnp.minimum(jnp.sum(cum_BN <= target_B[:, None], axis=-1, dtype=jnp.int32),
+                        _last_true(block_mass_BN > 0))
+  before_B = jnp.take_along_axis(cum_BN - block_mass_BN, block_B[:, None], axis=-1)[:, 0]
+  p_BC = jnp.exp(jnp.take_along_axis(logp_BNC, block_B[:, None, None], axis=1)[:, 0])
+  above_BC = jnp.cumsum(p_BC, axis=-1) > (target_B - before_B)[:, None]
+  within_B = jnp.where(jnp.any(above_BC, axis=-1), jnp.argmax(above_BC, axis=-1),
+                       _last_true(p_BC > 0))
+  return (block_B * C + within_B).astype(jnp.int32)
 
 
 def gather_logp(logp_BV: jax.Array, ids_B: jax.Array) -> jax.Array:
