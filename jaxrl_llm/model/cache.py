@@ -6,12 +6,13 @@ each query attends to valid slots <= its own slot. RoPE uses positions_BT,
 independent of slots, so left-padded prompts work: padding occupies slots
 but is never valid.
 
-Layout: one [B, K_kv, S, H] array per layer (a tuple), not one stacked
-[L, ...] array. Each layer's keys and values are then a buffer of their own
-that attention reads directly and that a decode step updates in place; from
-a stacked array every layer would first slice (copy) its part out at every
-step. Head-major [K, S, H] makes q k^T and p v plain batched matmuls over
-(B, K), with no transpose of the cache (see layers.attention).
+Layout: per layer (a tuple of L arrays, not one stacked [L, ...] array),
+keys transposed as [B, K_kv, H, S] and values as [B, K_kv, S, H]. Each
+layer's keys and values are then buffers of their own that attention reads
+directly and that a decode step updates in place; from a stacked array every
+layer would first slice (copy) its part out at every step. In these layouts
+q k^T and p v are plain batched matmuls over (B, K), with no transpose of
+the cache (see layers.attention).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from jaxrl_llm.model.config import ModelConfig
 
 @flax.struct.dataclass
 class KVCache:
-  k_BKSH: tuple[jax.Array, ...]  # per layer: keys after RoPE (and QK-norm), compute dtype
+  k_BKHS: tuple[jax.Array, ...]  # per layer: keys after RoPE (and QK-norm), compute dtype
   v_BKSH: tuple[jax.Array, ...]  # per layer: values
   mask_BS: jax.Array  # bool: slot holds a real token
   index: jax.Array  # int32 scalar: next slot to write, shared by all rows
@@ -33,12 +34,24 @@ class KVCache:
   @property
   def length(self) -> int:
     """S, the number of slots."""
-    return self.k_BKSH[0].shape[2]
+    return self.v_BKSH[0].shape[2]
 
-  def map_kv(self, fn) -> "KVCache":
-    """The cache with fn applied to every layer's keys and values."""
-    return self.replace(k_BKSH=tuple(fn(k) for k in self.k_BKSH),
-                        v_BKSH=tuple(fn(v) for v in self.v_BKSH))
+  def map_rows(self, fn) -> "KVCache":
+    """fn applied to every per-row array (keys, values, mask), all of which
+    have the rows (B) on axis 0 (e.g. repeat or shard the rows)."""
+    return self.replace(k_BKHS=tuple(fn(k) for k in self.k_BKHS),
+                        v_BKSH=tuple(fn(v) for v in self.v_BKSH), mask_BS=fn(self.mask_BS))
+
+  def resize(self, length: int) -> "KVCache":
+    """The cache cut or zero-padded to `length` slots (new slots invalid)."""
+    def fit(x, axis):
+      if length <= x.shape[axis]:
+        return jax.lax.slice_in_dim(x, 0, length, axis=axis)
+      pad = [(0, 0)] * x.ndim
+      pad[axis] = (0, length - x.shape[axis])
+      return jnp.pad(x, pad)
+    return self.replace(k_BKHS=tuple(fit(k, 3) for k in self.k_BKHS),
+                        v_BKSH=tuple(fit(v, 2) for v in self.v_BKSH), mask_BS=fit(self.mask_BS, 1))
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
@@ -47,10 +60,10 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
   dtype = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
-  shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
+  B, K, S, H = batch, cfg.n_kv_heads, length, cfg.head_dim
   return KVCache(
-      k_BKSH=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
-      v_BKSH=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+      k_BKHS=tuple(jnp.zeros((B, K, H, S), dtype) for _ in range(cfg.n_layers)),
+      v_BKSH=tuple(jnp.zeros((B, K, S, H), dtype) for _ in range(cfg.n_layers)),
       mask_BS=jnp.zeros((batch, length), jnp.bool_),
       index=jnp.zeros((), jnp.int32),
   )

@@ -134,7 +134,7 @@ def cache_sharding(cfg: ModelConfig, mesh: Mesh):
   from jaxrl_llm.model.cache import KVCache
   check_divisible(cfg, mesh)
   kv = (NamedSharding(mesh, P(BATCH_AXES, LOGICAL_RULES["kv_heads"], None, None)),) * cfg.n_layers
-  return KVCache(k_BKSH=kv, v_BKSH=kv, mask_BS=batch_sharding(mesh, 2),
+  return KVCache(k_BKHS=kv, v_BKSH=kv, mask_BS=batch_sharding(mesh, 2),
                  index=replicated(mesh))
 
 

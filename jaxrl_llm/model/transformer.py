@@ -62,10 +62,10 @@ def _qkv(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH):
           v_BTKH)
 
 
-def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BKSH, v_BKSH, allowed_BTS):
+def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
   """The rest of one pre-norm block, given the keys and values to attend over."""
   dt = cfg.compute_jnp_dtype
-  attn_BTNH = nn.attention(q_BTNH, k_BKSH.astype(dt), v_BKSH.astype(dt), allowed_BTS)
+  attn_BTNH = nn.attention(q_BTNH, k_BKHS.astype(dt), v_BKSH.astype(dt), allowed_BTS)
   x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, p["wo_NHD"])
   h_BTD = nn.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps)
   return x_BTD + nn.swiglu(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"])
@@ -102,6 +102,10 @@ def _bkth(x_BTKH: jax.Array) -> jax.Array:
   return jnp.transpose(x_BTKH, (0, 2, 1, 3))
 
 
+def _bkht(x_BTKH: jax.Array) -> jax.Array:
+  return jnp.transpose(x_BTKH, (0, 2, 3, 1))
+
+
 def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
                        positions_BT: jax.Array, mask_BT: jax.Array,
                        cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
@@ -120,9 +124,9 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     slots_S = slots_T
   else:
     S = cache.length
-    if len(cache.k_BKSH) != cfg.n_layers or cache.k_BKSH[0].shape[0] != B:
+    if len(cache.k_BKHS) != cfg.n_layers or cache.k_BKHS[0].shape[0] != B:
       raise ValueError(
-          f"forward: cache has {len(cache.k_BKSH)} layers of batch {cache.k_BKSH[0].shape[0]}, "
+          f"forward: cache has {len(cache.k_BKHS)} layers of batch {cache.k_BKHS[0].shape[0]}, "
           f"expected (n_layers, batch) = {(cfg.n_layers, B)}")
     if T > S:
       raise ValueError(f"forward: {T} tokens do not fit in a cache of {S} slots")
@@ -137,7 +141,7 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     def body(x_BTD, layer_params):
       p = _cast_layer(cfg, layer_params)
       q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
-      return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, _bkth(k_BTKH), _bkth(v_BTKH), allowed_BTS), None
+      return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, _bkht(k_BTKH), _bkth(v_BTKH), allowed_BTS), None
     if cfg.remat != "none":
       body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
     x_BTD, _ = jax.lax.scan(body, x_BTD, params["layers"])
@@ -154,13 +158,13 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     for layer in range(cfg.n_layers):
       p = _cast_layer(cfg, layers[layer])
       q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
-      k_BKSH, v_BKSH = cache.k_BKSH[layer], cache.v_BKSH[layer]
-      k_BKSH = jax.lax.dynamic_update_slice(k_BKSH, _bkth(k_BTKH).astype(k_BKSH.dtype), (0, 0, index, 0))
+      k_BKHS, v_BKSH = cache.k_BKHS[layer], cache.v_BKSH[layer]
+      k_BKHS = jax.lax.dynamic_update_slice(k_BKHS, _bkht(k_BTKH).astype(k_BKHS.dtype), (0, 0, 0, index))
       v_BKSH = jax.lax.dynamic_update_slice(v_BKSH, _bkth(v_BTKH).astype(v_BKSH.dtype), (0, 0, index, 0))
-      x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKSH, v_BKSH, allowed_BTS)
-      k_layers.append(k_BKSH)
+      x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS)
+      k_layers.append(k_BKHS)
       v_layers.append(v_BKSH)
-    new_cache = KVCache(k_BKSH=tuple(k_layers), v_BKSH=tuple(v_layers), mask_BS=kv_mask_BS,
+    new_cache = KVCache(k_BKHS=tuple(k_layers), v_BKSH=tuple(v_layers), mask_BS=kv_mask_BS,
                         index=index + T)
   hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps)
   return hidden_BTD, new_cache

@@ -39,7 +39,7 @@ from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, R
 class DecodeState:
   """The while-loop carry. B = prompts x n_samples, R = max_new_tokens, K = record_topk."""
 
-  cache: KVCache  # per layer k/v [B, K_kv, S, H]; mask_BS; index = next slot
+  cache: KVCache  # per layer k [B, K_kv, H, S], v [B, K_kv, S, H]; mask_BS; index = next slot
   step: jax.Array  # [] int32: number of tokens sampled so far
   row_keys_B: jax.Array  # [B] PRNG keys, one stream per row
   prompt_len_B: jax.Array  # [B] int32 real prompt tokens (RoPE position of response token 0)
@@ -72,8 +72,8 @@ def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: tuple[str, ...]
   kv_axis = kv_axis if kv_axis in mesh.axis_names else None
   changes = {f.name: rows(getattr(state, f.name), 0) for f in dataclasses.fields(state)
              if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
-  cache = state.cache.map_kv(lambda kv: rows(kv, 0, kv_axis, None, None))
-  cache = cache.replace(mask_BS=rows(cache.mask_BS, 0))
+  cache = state.cache.map_rows(
+      lambda x: rows(x, 0, kv_axis, None, None) if x.ndim == 4 else rows(x, 0))
   return state.replace(cache=cache, **changes)
 
 
@@ -166,7 +166,7 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
   logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
   # Group g's rows are g*n .. g*n + n - 1: repeat each prompt's cache n times.
   rep = functools.partial(jnp.repeat, repeats=n, axis=0, total_repeat_length=B)
-  cache = cache.map_kv(rep).replace(mask_BS=rep(cache.mask_BS))
+  cache = cache.map_rows(rep)
   K = cfg.record_topk
   state = DecodeState(
       cache=cache,
@@ -208,16 +208,6 @@ def segment_lengths(prompt_len: int, max_new_tokens: int, cache_len: int,
   return tuple(sorted(set(lengths) | {cache_len}))
 
 
-def _resize_cache(cache: KVCache, length: int) -> KVCache:
-  """The cache cut or zero-padded to `length` slots (new slots invalid)."""
-  S = cache.length
-  if length <= S:
-    return cache.map_kv(lambda kv: kv[:, :, :length]).replace(mask_BS=cache.mask_BS[:, :length])
-  pad = ((0, 0), (0, 0), (0, length - S), (0, 0))
-  return cache.map_kv(lambda kv: jnp.pad(kv, pad)).replace(
-      mask_BS=jnp.pad(cache.mask_BS, ((0, 0), (0, length - S))))
-
-
 # The state is donated and returned: the loop writes the cache and the record
 # buffers in place, where without donation XLA would first copy the
 # [L, B, S, K, H] cache (the sampler's largest buffer) out of the caller's.
@@ -248,7 +238,7 @@ def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: Sam
 
   lengths = (S,) if prompt_len is None else segment_lengths(prompt_len, R, S)
   for length in lengths:
-    state = shard_rows(state.replace(cache=_resize_cache(state.cache, length)), mesh, data_axis)
+    state = shard_rows(state.replace(cache=state.cache.resize(length)), mesh, data_axis)
     cond = lambda s, length=length: (s.step < R) & jnp.any(s.active_B) & (s.cache.index < length)
     state = lax.while_loop(cond, body, state)
   return state
