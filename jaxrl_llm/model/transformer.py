@@ -6,8 +6,9 @@ plain dict the sharding annotations are one parallel tree of logical axes
 (params.py), Hugging Face names map to our tensors by a flat table
 (hf_io.py), and checkpoints, optimizers and `jax.grad` see exactly the
 arrays, with no module state to split and merge. Layers are stacked and run
-with `lax.scan`, optionally under `jax.checkpoint` (cfg.remat); with a KV
-cache (sampling) they run as a Python loop over per-layer buffers instead.
+with `lax.scan`, optionally under `jax.checkpoint` (cfg.remat); the decode
+loop unstacks them (unstack_layers) and runs a Python loop over per-layer
+weights and cache buffers instead.
 """
 
 from __future__ import annotations
@@ -86,9 +87,13 @@ def unstack_layers(params: dict) -> dict:
   """params with "layers" as a tuple of per-layer dicts instead of stacked
   [L, ...] arrays (same values, same names).
 
-  `forward` with a cache accepts either form. A decode loop unstacks once,
-  outside the loop: every layer's weights are then buffers of their own, where
-  slicing a stacked array inside the loop copies every weight at every step.
+  `forward` takes either form, and the form picks how the layers run:
+  stacked as a `lax.scan` (one block in the program: quick to compile, the
+  form for training and prefill), unstacked as a Python loop (L blocks in
+  the program: each layer's weights and cache are buffers of their own, the
+  form for a decode loop, which unstacks once, outside the loop; a scan
+  there would copy every weight and cache slice out of the stacked arrays at
+  every step).
   """
   layers = params["layers"]
   if isinstance(layers, (tuple, list)):
@@ -137,34 +142,56 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
   allowed_BTS = (kv_mask_BS[:, None, :]
                  & (slots_S[None, None, :] <= q_slots_T[None, :, None]))
 
-  if cache is None:
-    def body(x_BTD, layer_params):
-      p = _cast_layer(cfg, layer_params)
-      q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
-      return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, _bkht(k_BTKH), _bkth(v_BTKH), allowed_BTS), None
-    if cfg.remat != "none":
-      body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
-    x_BTD, _ = jax.lax.scan(body, x_BTD, params["layers"])
-    new_cache = None
-  else:
-    # With a cache (sampling: prefill and decode) the layers run as a Python
-    # loop over per-layer buffers. Each layer writes its T new slots into its
-    # own cache arrays with dynamic_update_slice (in place in a donated or
-    # loop-carried cache) and attends over them directly; a scan would have
-    # to slice every layer's cache and weights out of stacked arrays (a copy
-    # of each at every decode step).
-    layers = unstack_layers(params)["layers"]
-    k_layers, v_layers = [], []
-    for layer in range(cfg.n_layers):
-      p = _cast_layer(cfg, layers[layer])
-      q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
-      k_BKHS, v_BKSH = cache.k_BKHS[layer], cache.v_BKSH[layer]
+  def block(x_BTD, layer_params, k_BKHS=None, v_BKSH=None):
+    """One layer; with a cache layer (k_BKHS, v_BKSH) its T new slots are
+    written first (in place in a donated or loop-carried buffer)."""
+    p = _cast_layer(cfg, layer_params)
+    q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
+    if k_BKHS is None:
+      k_BKHS, v_BKSH = _bkht(k_BTKH), _bkth(v_BTKH)
+    else:
       k_BKHS = jax.lax.dynamic_update_slice(k_BKHS, _bkht(k_BTKH).astype(k_BKHS.dtype), (0, 0, 0, index))
       v_BKSH = jax.lax.dynamic_update_slice(v_BKSH, _bkth(v_BTKH).astype(v_BKSH.dtype), (0, 0, index, 0))
-      x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS)
-      k_layers.append(k_BKHS)
-      v_layers.append(v_BKSH)
-    new_cache = KVCache(k_BKHS=tuple(k_layers), v_BKSH=tuple(v_layers), mask_BS=kv_mask_BS,
+    return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS), k_BKHS, v_BKSH
+
+  layers = params["layers"]
+  new_cache = None
+  if isinstance(layers, (tuple, list)):
+    # Unstacked layers (unstack_layers): a Python loop, one copy of the block
+    # per layer in the program. With a cache, each layer attends over its own
+    # cache buffers directly; this is the decode loop's form, where a scan
+    # would slice every layer's weights and cache out of stacked arrays (a
+    # copy of each at every step).
+    k_layers, v_layers = [], []
+    for layer, layer_params in enumerate(layers):
+      if cache is None:
+        x_BTD, _, _ = block(x_BTD, layer_params)
+      else:
+        x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, cache.k_BKHS[layer], cache.v_BKSH[layer])
+        k_layers.append(k_BKHS)
+        v_layers.append(v_BKSH)
+    if cache is not None:
+      new_cache = KVCache(k_BKHS=tuple(k_layers), v_BKSH=tuple(v_layers), mask_BS=kv_mask_BS,
+                          index=index + T)
+  elif cache is None:
+    # Stacked layers: a scan, one copy of the block in the program
+    # (optionally rematerialised in the backward pass).
+    def body(x_BTD, layer_params):
+      return block(x_BTD, layer_params)[0], None
+    if cfg.remat != "none":
+      body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+    x_BTD, _ = jax.lax.scan(body, x_BTD, layers)
+  else:
+    # Stacked layers with a cache (a prefill): the per-layer cache buffers
+    # are stacked to ride through the scan as xs/ys and split again after
+    # it, one copy of the cache each way per call (fine once per prefill,
+    # not per decode step), for a program of one block instead of L.
+    def body(x_BTD, xs):
+      x_BTD, k_BKHS, v_BKSH = block(x_BTD, *xs)
+      return x_BTD, (k_BKHS, v_BKSH)
+    x_BTD, (k_LBKHS, v_LBKSH) = jax.lax.scan(
+        body, x_BTD, (layers, jnp.stack(cache.k_BKHS), jnp.stack(cache.v_BKSH)))
+    new_cache = KVCache(k_BKHS=tuple(k_LBKHS), v_BKSH=tuple(v_LBKSH), mask_BS=kv_mask_BS,
                         index=index + T)
   hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps)
   return hidden_BTD, new_cache

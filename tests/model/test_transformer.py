@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.model import (ModelConfig, RopeScaling, embed, forward, forward_embeddings,
-                             init_cache, init_params, lm_head, logits)
+                             init_cache, init_params, lm_head, logits, unstack_layers)
 
 V = 61
 # Small but complete: GQA (4 q-heads over 2 kv-heads), q/k/v bias and QK-norm on.
@@ -111,6 +111,35 @@ def test_cache_prefill_then_decode_matches_full_forward():
   assert not np.asarray(cache.mask_BS[:, T:]).any()
   m = np.asarray(mask)
   np.testing.assert_allclose(np.asarray(got)[m], np.asarray(full_hidden)[m], atol=2e-5, rtol=0)
+
+
+def test_unstacked_layers_loop_equals_stacked_scan_with_and_without_cache():
+  """The two layer-loop forms (stacked params: scan; unstacked: Python loop)
+  give the same hidden states and the same cache, slot for slot."""
+  params = _params()
+  unstacked = unstack_layers(params)
+  assert isinstance(unstacked["layers"], tuple) and len(unstacked["layers"]) == CFG.n_layers
+  np.testing.assert_array_equal(unstacked["layers"][1]["wq_LDNH"], params["layers"]["wq_LDNH"][1])
+  tokens, mask, positions = _batch(seed=9)
+  h_scan, _ = fwd(params, CFG, tokens, positions, mask)
+  h_loop, _ = fwd(unstacked, CFG, tokens, positions, mask)
+  np.testing.assert_allclose(np.asarray(h_loop), np.asarray(h_scan), atol=1e-6, rtol=0)
+  caches = []
+  for p in (params, unstacked):
+    cache = init_cache(CFG, B, T + 1)
+    outs = []
+    for sl in (slice(0, 7), slice(7, 8), slice(8, T)):  # a prefill chunk, one step, the rest
+      hidden, cache = fwd(p, CFG, tokens[:, sl], positions[:, sl], mask[:, sl], cache)
+      outs.append(hidden)
+    caches.append(cache)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1))[np.asarray(mask)],
+                               np.asarray(h_scan)[np.asarray(mask)], atol=2e-5, rtol=0)
+  for a, b in zip(jax.tree.leaves(caches[0]), jax.tree.leaves(caches[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+  # Keys are stored [B, K, H, S], values [B, K, S, H]; slot T (never written) stays empty.
+  assert caches[0].k_BKHS[0].shape == (B, CFG.n_kv_heads, CFG.head_dim, T + 1)
+  assert caches[0].v_BKSH[0].shape == (B, CFG.n_kv_heads, T + 1, CFG.head_dim)
+  assert not np.asarray(caches[0].k_BKHS[1][..., T]).any()
 
 
 def test_left_padded_rows_equal_unpadded_rows():
