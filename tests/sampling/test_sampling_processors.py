@@ -96,3 +96,30 @@ def test_sampling_frequencies_chi_square(temperature, top_k, top_p, min_p):
   raw = processed_probs(np.asarray(logits_V), 1.0)
   raw_stat, raw_df = _chi2(counts, raw, n)
   assert raw_stat > 10 * _CHI2_999[raw_df]
+
+
+@pytest.mark.parametrize("vocab", [7, 128, 1000])
+def test_sample_from_logp_is_the_inverse_cdf_draw(vocab):
+  """Each draw equals a float64 numpy inverse-CDF draw with the same uniform
+  u (the first id whose cumulative mass exceeds u * total), over vocabularies
+  of one block, exactly one block and several blocks plus padding, with ids
+  truncated away (-inf), a whole block of zero mass among them."""
+  n = 4000
+  rng = np.random.RandomState(vocab)
+  logp = rng.normal(size=(n, vocab)).astype(np.float32) * 2
+  logp[rng.uniform(size=(n, vocab)) < 0.5] = -np.inf  # truncated ids
+  if vocab >= 1000:
+    logp[:, 256:384] = -np.inf  # block 2 (of 128 ids) has no mass
+  logp[np.arange(n), rng.randint(0, vocab, n)] = 0.0  # at least one id per row
+  keys = jax.random.split(jax.random.key(1), n)
+  draws = np.asarray(sample_from_logp(keys, jnp.asarray(logp)))
+  u = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys), np.float64)
+  cdf = np.cumsum(np.exp(logp.astype(np.float64)), axis=1)
+  target = u * cdf[:, -1]
+  want = np.argmax(cdf > target[:, None], axis=1)
+  assert np.all(np.isfinite(logp[np.arange(n), draws])), "drew an id of zero mass"
+  differ = np.flatnonzero(draws != want)
+  # Only float32 rounding may move a draw, and only where the target sits at a
+  # cumulative-mass boundary.
+  gap = np.abs(cdf[differ, want[differ]] - target[differ]) / cdf[differ, -1]
+  assert differ.size <= 2 and np.all(gap < 1e-5), (differ, gap)
