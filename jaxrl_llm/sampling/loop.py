@@ -215,7 +215,7 @@ def segment_lengths(prompt_len: int, max_new_tokens: int, cache_len: int,
 
 # The state is donated and returned: the loop writes the cache and the record
 # buffers in place, where without donation XLA would first copy the
-# [L, B, S, K, H] cache (the sampler's largest buffer) out of the caller's.
+# KV cache (the sampler's largest buffers) out of the caller's.
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "prompt_len", "mesh", "data_axis"),
                    donate_argnames=("state",))
 def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: SamplingConfig,
