@@ -31,7 +31,7 @@ from jaxrl_llm.model import KVCache, forward, init_cache, logits, unstack_layers
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.sharding import LOGICAL_RULES
 from jaxrl_llm.sampling.config import SamplingConfig
-from jaxrl_llm.sampling.processors import gather_logp, process_logits, sample_from_logp
+from jaxrl_llm.sampling.processors import gather_logp, last_true, process_logits, sample_from_logp
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 
 
@@ -144,8 +144,7 @@ def prompt_positions(prompt_mask_BP: jax.Array) -> tuple[jax.Array, jax.Array, j
   mask_BP = prompt_mask_BP.astype(jnp.bool_)
   counts_BP = jnp.cumsum(mask_BP.astype(jnp.int32), axis=1)
   positions_BP = jnp.where(mask_BP, counts_BP - 1, 0)
-  P = mask_BP.shape[1]
-  last_index_B = (P - 1 - jnp.argmax(mask_BP[:, ::-1], axis=1)).astype(jnp.int32)
+  last_index_B = last_true(mask_BP)
   return positions_BP, counts_BP[:, -1], last_index_B
 
 

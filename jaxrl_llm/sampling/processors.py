@@ -86,7 +86,7 @@ def _block_size(vocab: int) -> int:
   return 128 * max(1, math.ceil(math.sqrt(vocab) / 128))
 
 
-def _last_true(x_BN: jax.Array) -> jax.Array:
+def last_true(x_BN: jax.Array) -> jax.Array:
   """Index of the last True along the last axis (0 if none)."""
   n = x_BN.shape[-1]
   return (n - 1 - jnp.argmax(x_BN[..., ::-1], axis=-1)).astype(jnp.int32)
@@ -126,12 +126,12 @@ def sample_from_logp(keys_B: jax.Array, logp_BV: jax.Array) -> jax.Array:
   # The first block whose cumulative mass exceeds the target (never past
   # the last block of positive mass).
   block_B = jnp.minimum(jnp.sum(cum_BN <= target_B[:, None], axis=-1, dtype=jnp.int32),
-                        _last_true(block_mass_BN > 0))
+                        last_true(block_mass_BN > 0))
   before_B = jnp.take_along_axis(cum_BN - block_mass_BN, block_B[:, None], axis=-1)[:, 0]
   p_BC = jnp.exp(jnp.take_along_axis(logp_BNC, block_B[:, None, None], axis=1)[:, 0])
   above_BC = jnp.cumsum(p_BC, axis=-1) > (target_B - before_B)[:, None]
   within_B = jnp.where(jnp.any(above_BC, axis=-1), jnp.argmax(above_BC, axis=-1),
-                       _last_true(p_BC > 0))
+                       last_true(p_BC > 0))
   return (block_B * C + within_B).astype(jnp.int32)
 
 
