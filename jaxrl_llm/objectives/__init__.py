@@ -6,9 +6,9 @@ One RL update with a named method:
 
     cfg = get_preset("dapo", eps_high=0.3)           # ObjectiveConfig (data)
     adv_B = compute_advantages(rewards_B, G, cfg)     # or gae(...) for PPO / SAO
-    norms = batch_norms(mask_BT, G, cfg)              # once, on the FULL mini-batch
+    norms = batch_norms(mask_BR, G, cfg)              # once, on the FULL mini-batch
     for micro-batch k:                                 # and on every host
-      out = policy_loss(logp_BT, prox_logp_BT, behav_logp_BT, adv_B, mask_BT, cfg, norms=norms)
+      out = policy_loss(logp_BR, prox_logp_BR, behav_logp_BR, adv_B, mask_BR, cfg, norms=norms)
       grads += jax.grad(lambda p: policy_loss(...).loss.numerator)(params)
 
 `out.loss.numerator` is the micro-batch's exact share of the full-batch loss,

@@ -111,8 +111,8 @@ def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, vali
   """
   kind = cfg.advantage
   if kind == "gae":
-    raise ValueError("ObjectiveConfig.advantage='gae' is per token: call advantages.gae(token_rewards_BT, "
-                     "values_BT, mask_BT, gamma=..., lam=...) instead of compute_advantages")
+    raise ValueError("ObjectiveConfig.advantage='gae' is per token: call advantages.gae(token_rewards_BR, "
+                     "values_BR, mask_BR, gamma=..., lam=...) instead of compute_advantages")
   r_PG = _groups(rewards_B, group_size)  # validates shape and group size
   valid = _valid(valid_B, rewards_B)
   if kind == "raw":
@@ -130,22 +130,22 @@ def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, vali
                 eps=cfg.adv_eps, weights_B=w)
 
 
-def outcome_token_rewards(rewards_B, mask_BT):
-  """Place each answer's reward on its last valid token (for GAE): [B, T]."""
-  m = mask_BT.astype(jnp.int32)
-  idx_T = jnp.arange(mask_BT.shape[1])
-  last_B = jnp.max(jnp.where(mask_BT, idx_T[None, :], -1), axis=1)
+def outcome_token_rewards(rewards_B, mask_BR):
+  """Place each answer's reward on its last valid token (for GAE): [B, R]."""
+  m = mask_BR.astype(jnp.int32)
+  idx_T = jnp.arange(mask_BR.shape[1])
+  last_B = jnp.max(jnp.where(mask_BR, idx_T[None, :], -1), axis=1)
   onehot = (idx_T[None, :] == last_B[:, None]) & (m > 0)
   return jnp.where(onehot, rewards_B.astype(jnp.float32)[:, None], 0.0)
 
 
 @struct.dataclass
 class GAEResult:
-  adv_BT: jax.Array  # [B, T] GAE advantages (0 on padding)
-  returns_BT: jax.Array  # [B, T] adv + V: the value targets
+  adv_BR: jax.Array  # [B, R] GAE advantages (0 on padding)
+  returns_BR: jax.Array  # [B, R] adv + V: the value targets
 
 
-def gae(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float) -> GAEResult:
+def gae(token_rewards_BR, values_BR, mask_BR, *, gamma: float, lam: float) -> GAEResult:
   """Generalised advantage estimation over the valid tokens (Schulman et al., 2016).
 
       delta_t = r_t + gamma V_{t'} - V_t,   A_t = delta_t + gamma lam A_{t'},
@@ -156,12 +156,12 @@ def gae(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float) -> GA
   for name, v in (("gamma", gamma), ("lam", lam)):
     if not 0 <= v <= 1:
       raise ValueError(f"{name}={v!r} is invalid: must lie in [0, 1]")
-  if token_rewards_BT.shape != values_BT.shape or values_BT.shape != mask_BT.shape:
-    raise ValueError(f"token_rewards_BT {token_rewards_BT.shape}, values_BT {values_BT.shape} and mask_BT "
-                     f"{mask_BT.shape} must have the same [B, T] shape")
-  r = token_rewards_BT.astype(jnp.float32).T
-  v = jax.lax.stop_gradient(values_BT).astype(jnp.float32).T
-  m = mask_BT.astype(bool).T
+  if token_rewards_BR.shape != values_BR.shape or values_BR.shape != mask_BR.shape:
+    raise ValueError(f"token_rewards_BR {token_rewards_BR.shape}, values_BR {values_BR.shape} and mask_BR "
+                     f"{mask_BR.shape} must have the same [B, R] shape")
+  r = token_rewards_BR.astype(jnp.float32).T
+  v = jax.lax.stop_gradient(values_BR).astype(jnp.float32).T
+  m = mask_BR.astype(bool).T
 
   def step(carry, xs):
     next_v, next_adv = carry
@@ -173,14 +173,14 @@ def gae(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float) -> GA
 
   zeros = jnp.zeros(r.shape[1], jnp.float32)
   _, adv_TB = jax.lax.scan(step, (zeros, zeros), (r, v, m), reverse=True)
-  adv_BT = adv_TB.T
-  return GAEResult(adv_BT=adv_BT, returns_BT=jnp.where(mask_BT, adv_BT + values_BT, 0.0))
+  adv_BR = adv_TB.T
+  return GAEResult(adv_BR=adv_BR, returns_BR=jnp.where(mask_BR, adv_BR + values_BR, 0.0))
 
 
-def masked_whiten(x_BT, mask_BT, *, eps: float = 1e-6):
+def masked_whiten(x_BR, mask_BR, *, eps: float = 1e-6):
   """Whiten over valid tokens (mean 0, std 1); padding stays 0."""
-  m = mask_BT.astype(jnp.float32)
+  m = mask_BR.astype(jnp.float32)
   n = jnp.maximum(jnp.sum(m), 1.0)
-  mean = jnp.sum(m * x_BT) / n
-  var = jnp.sum(m * jnp.square(x_BT - mean)) / n
-  return jnp.where(mask_BT, (x_BT - mean) / (jnp.sqrt(var) + eps), 0.0)
+  mean = jnp.sum(m * x_BR) / n
+  var = jnp.sum(m * jnp.square(x_BR - mean)) / n
+  return jnp.where(mask_BR, (x_BR - mean) / (jnp.sqrt(var) + eps), 0.0)

@@ -98,9 +98,9 @@ class BatchNorms:
   group_size: int = struct.field(pytree_node=False, default=1)
 
 
-def _check_mask(mask_BT):
-  if mask_BT.ndim != 2:
-    raise ValueError(f"mask_BT must have shape [B, T], got shape {mask_BT.shape}")
+def _check_mask(mask_BR):
+  if mask_BR.ndim != 2:
+    raise ValueError(f"mask_BR must have shape [B, R], got shape {mask_BR.shape}")
 
 
 def _check_group_size(n_rows: int, group_size: int, what: str = "batch rows"):
@@ -112,14 +112,14 @@ def _check_group_size(n_rows: int, group_size: int, what: str = "batch rows"):
         f"allowed group sizes divide {n_rows}")
 
 
-def batch_norms(mask_BT, group_size: int = 1, cfg=None, *, max_len: int | None = None) -> BatchNorms:
+def batch_norms(mask_BR, group_size: int = 1, cfg=None, *, max_len: int | None = None) -> BatchNorms:
   """Global normalisers for `cfg.aggregation`, computed on the FULL mini-batch.
 
   `max_len` (or `cfg.norm_max_len`) is Dr. GRPO's constant L_max; when both
   are None the padded length T of this batch is used (verl's default).
   """
-  _check_mask(mask_BT)
-  n_rows, n_tok = mask_BT.shape
+  _check_mask(mask_BR)
+  n_rows, n_tok = mask_BR.shape
   _check_group_size(n_rows, group_size)
   if max_len is None and cfg is not None:
     max_len = cfg.norm_max_len
@@ -127,7 +127,7 @@ def batch_norms(mask_BT, group_size: int = 1, cfg=None, *, max_len: int | None =
     max_len = n_tok
   if not isinstance(max_len, int) or max_len < 1:
     raise ValueError(f"max_len={max_len!r} is invalid: must be a positive integer (L_max)")
-  m = mask_BT.astype(jnp.float32)
+  m = mask_BR.astype(jnp.float32)
   len_B = jnp.sum(m, axis=1)
   group_len = jnp.sum(len_B.reshape(n_rows // group_size, group_size), axis=1)
   return BatchNorms(
@@ -144,15 +144,15 @@ def _safe(x):
   return jnp.maximum(x, 1.0)
 
 
-def token_weights(mask_BT, mode: str, norms: BatchNorms):
+def token_weights(mask_BR, mode: str, norms: BatchNorms):
   """lambda_{i,t} (zero on padding) and this batch's share of the normaliser.
 
-  Returns (lambda_BT, share) where share = local count / global count.
+  Returns (lambda_BR, share) where share = local count / global count.
   """
-  _check_mask(mask_BT)
+  _check_mask(mask_BR)
   if mode not in AGGREGATIONS:
     raise ValueError(f"aggregation={mode!r} is invalid: allowed values are {AGGREGATIONS}")
-  m = mask_BT.astype(jnp.float32)
+  m = mask_BR.astype(jnp.float32)
   len_B = jnp.sum(m, axis=1)
   nonempty = jnp.sum((len_B > 0).astype(jnp.float32))
   if mode == "token_mean":
@@ -165,7 +165,7 @@ def token_weights(mask_BT, mode: str, norms: BatchNorms):
   if mode == "constant":
     return m / (_safe(norms.n_seqs) * norms.max_len), nonempty / _safe(norms.n_seqs)
   # group_token_mean
-  n_rows = mask_BT.shape[0]
+  n_rows = mask_BR.shape[0]
   _check_group_size(n_rows, norms.group_size, what="micro-batch rows")
   g = norms.group_size
   group_len = jnp.sum(len_B.reshape(n_rows // g, g), axis=1)
@@ -175,16 +175,16 @@ def token_weights(mask_BT, mode: str, norms: BatchNorms):
   return m * lam_B[:, None], local_groups / _safe(norms.n_groups)
 
 
-def aggregate(loss_BT, mask_BT, mode: str, norms: BatchNorms | None = None) -> WeightedSum:
+def aggregate(loss_BR, mask_BR, mode: str, norms: BatchNorms | None = None) -> WeightedSum:
   """sum_{i,t} lambda_{i,t} loss_{i,t} as a WeightedSum (see module docstring).
 
-  norms=None means this call sees the whole batch (norms from mask_BT,
+  norms=None means this call sees the whole batch (norms from mask_BR,
   group size 1, L_max = T).
   """
-  if loss_BT.shape != mask_BT.shape:
-    raise ValueError(f"loss_BT shape {loss_BT.shape} must equal mask_BT shape {mask_BT.shape}")
+  if loss_BR.shape != mask_BR.shape:
+    raise ValueError(f"loss_BR shape {loss_BR.shape} must equal mask_BR shape {mask_BR.shape}")
   if norms is None:
-    norms = batch_norms(mask_BT)
-  lam_BT, share = token_weights(mask_BT, mode, norms)
+    norms = batch_norms(mask_BR)
+  lam_BR, share = token_weights(mask_BR, mode, norms)
   # where(): padded positions may hold inf/nan garbage; they never leak.
-  return WeightedSum(jnp.sum(jnp.where(lam_BT > 0, lam_BT * loss_BT, 0.0)), share)
+  return WeightedSum(jnp.sum(jnp.where(lam_BR > 0, lam_BR * loss_BR, 0.0)), share)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jaxrl_llm.checks import bad, check_choice
 from jaxrl_llm.objectives.aggregation import AGGREGATIONS
 
 TRUST_REGIONS = ("none", "ppo", "truncate")
@@ -41,20 +42,11 @@ KL_PLACEMENTS = ("loss", "reward")
 CENTERABLE_CORRECTIONS = ("none", "is", "tis", "mis", "band", "band_indicator")
 
 
-def _bad(field: str, value, allowed: str):
-  return ValueError(f"ObjectiveConfig.{field}={value!r} is invalid: {allowed}")
-
-
-def _choice(field, value, allowed):
-  if value not in allowed:
-    raise _bad(field, value, f"allowed values are {allowed}")
-
-
 def _positive(field, value, *, allow_none=False):
   if value is None and allow_none:
     return
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-    raise _bad(field, value, "must be a finite number > 0" + (" or None" if allow_none else ""))
+    raise bad(f"ObjectiveConfig.{field}", value, "must be a finite number > 0" + (" or None" if allow_none else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,69 +98,69 @@ class ObjectiveConfig:
   log_ratio_clamp: float = 20.0  # log-ratios clamped to +-this before exp
 
   def __post_init__(self):
-    _choice("trust_region", self.trust_region, TRUST_REGIONS)
-    _choice("trust_level", self.trust_level, TRUST_LEVELS)
-    _choice("truncate_bounds", self.truncate_bounds, TRUNCATE_BOUNDS)
-    _choice("correction", self.correction, CORRECTIONS)
-    _choice("correction_ratio", self.correction_ratio, CORRECTION_RATIOS)
-    _choice("correction_level", self.correction_level, CORRECTION_LEVELS)
-    _choice("aggregation", self.aggregation, AGGREGATIONS)
-    _choice("advantage", self.advantage, ADVANTAGES)
-    _choice("adv_level", self.adv_level, ADV_LEVELS)
-    _choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-    _choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
+    check_choice("ObjectiveConfig.trust_region", self.trust_region, TRUST_REGIONS, lead="allowed values are")
+    check_choice("ObjectiveConfig.trust_level", self.trust_level, TRUST_LEVELS, lead="allowed values are")
+    check_choice("ObjectiveConfig.truncate_bounds", self.truncate_bounds, TRUNCATE_BOUNDS, lead="allowed values are")
+    check_choice("ObjectiveConfig.correction", self.correction, CORRECTIONS, lead="allowed values are")
+    check_choice("ObjectiveConfig.correction_ratio", self.correction_ratio, CORRECTION_RATIOS, lead="allowed values are")
+    check_choice("ObjectiveConfig.correction_level", self.correction_level, CORRECTION_LEVELS, lead="allowed values are")
+    check_choice("ObjectiveConfig.aggregation", self.aggregation, AGGREGATIONS, lead="allowed values are")
+    check_choice("ObjectiveConfig.advantage", self.advantage, ADVANTAGES, lead="allowed values are")
+    check_choice("ObjectiveConfig.adv_level", self.adv_level, ADV_LEVELS, lead="allowed values are")
+    check_choice("ObjectiveConfig.kl_estimator", self.kl_estimator, KL_ESTIMATORS, lead="allowed values are")
+    check_choice("ObjectiveConfig.kl_placement", self.kl_placement, KL_PLACEMENTS, lead="allowed values are")
     v = self.eps_low
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-      raise _bad("eps_low", v, "must lie in the open interval (0, 1)")
+      raise bad("ObjectiveConfig.eps_low", v, "must lie in the open interval (0, 1)")
     _positive("eps_high", self.eps_high)
     if self.dual_clip_c is not None:
       _positive("dual_clip_c", self.dual_clip_c)
       if self.dual_clip_c <= 1:
-        raise _bad("dual_clip_c", self.dual_clip_c, "must be > 1 (Ye et al. use 3) or None")
+        raise bad("ObjectiveConfig.dual_clip_c", self.dual_clip_c, "must be > 1 (Ye et al. use 3) or None")
       if self.trust_region != "ppo" and self.correction != "ppo":
-        raise _bad("dual_clip_c", self.dual_clip_c,
+        raise bad("ObjectiveConfig.dual_clip_c", self.dual_clip_c,
                    "dual-clip bounds a PPO mask: needs trust_region='ppo' or correction='ppo' (else None)")
     for field in ("truncate_cap", "is_cap", "band_high", "dppo_delta", "log_ratio_clamp"):
       _positive(field, getattr(self, field))
     if isinstance(self.band_low, bool) or not isinstance(self.band_low, (int, float)) or self.band_low < 0:
-      raise _bad("band_low", self.band_low, "must be a number >= 0")
+      raise bad("ObjectiveConfig.band_low", self.band_low, "must be a number >= 0")
     if self.band_low > self.band_high:
-      raise _bad("band_low", self.band_low, f"must be <= band_high={self.band_high} (band [lower, upper])")
+      raise bad("ObjectiveConfig.band_low", self.band_low, f"must be <= band_high={self.band_high} (band [lower, upper])")
     _positive("dppo_cap", self.dppo_cap, allow_none=True)
     _positive("trm_max_delta", self.trm_max_delta, allow_none=True)
     _positive("trm_mean_delta", self.trm_mean_delta, allow_none=True)
     if self.correction == "trm" and self.trm_max_delta is None and self.trm_mean_delta is None:
-      raise _bad("trm_max_delta", None, "TRM needs trm_max_delta or trm_mean_delta (or both) set")
+      raise bad("ObjectiveConfig.trm_max_delta", None, "TRM needs trm_max_delta or trm_mean_delta (or both) set")
     if self.correction in ("dppo_tv", "dppo_kl", "trm"):
       if self.correction_ratio != "rho" or self.correction_level != "token":
-        raise _bad("correction_ratio", self.correction_ratio,
+        raise bad("ObjectiveConfig.correction_ratio", self.correction_ratio,
                    f"correction={self.correction!r} needs correction_ratio='rho' and correction_level='token'")
     if self.kappa not in (0, 1):
-      raise _bad("kappa", self.kappa, "allowed values are 0 (no centering) and 1 (Score Centering)")
+      raise bad("ObjectiveConfig.kappa", self.kappa, "allowed values are 0 (no centering) and 1 (Score Centering)")
     if self.kappa == 1:
       if self.trust_region != "none":
-        raise _bad("trust_region", self.trust_region,
+        raise bad("ObjectiveConfig.trust_region", self.trust_region,
                    "kappa=1 (Score Centering) needs trust_region='none': its weight for every "
                    "vocabulary entry must depend on rho(v) only")
       if self.correction not in CENTERABLE_CORRECTIONS:
-        raise _bad("correction", self.correction, f"with kappa=1 allowed values are {CENTERABLE_CORRECTIONS}")
+        raise bad("ObjectiveConfig.correction", self.correction, f"with kappa=1 allowed values are {CENTERABLE_CORRECTIONS}")
       if self.correction != "none" and (self.correction_ratio != "rho" or self.correction_level != "token"):
-        raise _bad("correction_level", self.correction_level,
+        raise bad("ObjectiveConfig.correction_level", self.correction_level,
                    "with kappa=1 the correction must be token-level on rho")
     if self.norm_max_len is not None and (not isinstance(self.norm_max_len, int) or self.norm_max_len < 1):
-      raise _bad("norm_max_len", self.norm_max_len, "must be a positive integer or None")
+      raise bad("ObjectiveConfig.norm_max_len", self.norm_max_len, "must be a positive integer or None")
     if self.adv_std_ddof not in (0, 1):
-      raise _bad("adv_std_ddof", self.adv_std_ddof, "allowed values are 0 (population) and 1 (unbiased)")
+      raise bad("ObjectiveConfig.adv_std_ddof", self.adv_std_ddof, "allowed values are 0 (population) and 1 (unbiased)")
     if isinstance(self.adv_eps, bool) or not isinstance(self.adv_eps, (int, float)) or self.adv_eps < 0:
-      raise _bad("adv_eps", self.adv_eps, "must be a number >= 0")
+      raise bad("ObjectiveConfig.adv_eps", self.adv_eps, "must be a number >= 0")
     for field in ("gamma", "gae_lambda"):
       v = getattr(self, field)
       if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-        raise _bad(field, v, "must lie in [0, 1]")
+        raise bad(f"ObjectiveConfig.{field}", v, "must lie in [0, 1]")
     for field in ("kl_coef", "entropy_coef", "value_coef"):
       v = getattr(self, field)
       if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise _bad(field, v, "must be a finite number >= 0")
+        raise bad(f"ObjectiveConfig.{field}", v, "must be a finite number >= 0")
     _positive("value_clip", self.value_clip, allow_none=True)
 
   # What the trainer must provide to `policy_loss` for this config.
@@ -179,7 +171,7 @@ class ObjectiveConfig:
 
   @property
   def needs_token_kl(self) -> bool:
-    """TRM needs the full-distribution KL(mu || pi_theta) per token (kl_BT)."""
+    """TRM needs the full-distribution KL(mu || pi_theta) per token (kl_BR)."""
     return self.correction == "trm"
 
   @property

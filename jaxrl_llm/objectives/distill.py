@@ -13,7 +13,7 @@ teacher whatever the caller passes.
 Entries equal to ``-inf`` (zero probability) are allowed: ``0 * log 0`` terms
 are defined as 0 in value and in gradient.
 
-Per-token functions return ``*_BT`` arrays; the masked reduction into a
+Per-token functions return ``*_BR`` arrays; the masked reduction into a
 (numerator, denominator) pair is ``distill_loss`` (any aggregation mode).
 """
 
@@ -53,29 +53,29 @@ def _kl(logp_a, logp_b):
   return jnp.sum(terms, axis=-1)
 
 
-def reverse_kl(student_logp_BTV: jax.Array, teacher_logp_BTV: jax.Array) -> jax.Array:
+def reverse_kl(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array) -> jax.Array:
   """KL(p || q) per position: sum_a p(a) [log p(a) - log q(a)] (eq. 28 and 30).
 
   The on-policy distillation / SDPO loss; mode seeking. Its negative gradient
   is E_{a~p}[(log q(a) - log p(a)) grad log p(a)] (eq. 31-32), which
   ``reverse_kl_surrogate`` and ``sampled_token_surrogate`` reproduce.
   """
-  _check_pair(student_logp_BTV, teacher_logp_BTV)
-  return _kl(student_logp_BTV, jax.lax.stop_gradient(teacher_logp_BTV))
+  _check_pair(student_logp_BRV, teacher_logp_BRV)
+  return _kl(student_logp_BRV, jax.lax.stop_gradient(teacher_logp_BRV))
 
 
-def forward_kl(student_logp_BTV: jax.Array, teacher_logp_BTV: jax.Array) -> jax.Array:
+def forward_kl(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array) -> jax.Array:
   """KL(q || p) per position: sum_a q(a) [log q(a) - log p(a)] (eq. 27).
 
   Includes the teacher's entropy, a constant for the student, so the value is
   a true KL (>= 0, 0 iff p = q); the gradient is that of the cross-entropy
   -sum_a q(a) log p(a), i.e. ``p - q`` in logit space.
   """
-  _check_pair(student_logp_BTV, teacher_logp_BTV)
-  return _kl(jax.lax.stop_gradient(teacher_logp_BTV), student_logp_BTV)
+  _check_pair(student_logp_BRV, teacher_logp_BRV)
+  return _kl(jax.lax.stop_gradient(teacher_logp_BRV), student_logp_BRV)
 
 
-def generalized_jsd(student_logp_BTV: jax.Array, teacher_logp_BTV: jax.Array,
+def generalized_jsd(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array,
                     beta: float) -> jax.Array:
   """Generalised Jensen-Shannon divergence with mixture weight ``beta`` in [0, 1].
 
@@ -93,86 +93,86 @@ def generalized_jsd(student_logp_BTV: jax.Array, teacher_logp_BTV: jax.Array,
   if not 0.0 <= beta <= 1.0:
     raise ValueError(f"generalized_jsd: beta={beta} is outside the allowed range [0, 1] "
                      "(0 = forward KL(q||p), 1 = reverse KL(p||q))")
-  _check_pair(student_logp_BTV, teacher_logp_BTV)
+  _check_pair(student_logp_BRV, teacher_logp_BRV)
   if beta == 0.0:
-    return forward_kl(student_logp_BTV, teacher_logp_BTV)
+    return forward_kl(student_logp_BRV, teacher_logp_BRV)
   if beta == 1.0:
-    return reverse_kl(student_logp_BTV, teacher_logp_BTV)
-  teacher = jax.lax.stop_gradient(teacher_logp_BTV)
-  mix = jnp.logaddexp(teacher + jnp.log(beta), student_logp_BTV + jnp.log1p(-beta))
-  return beta * _kl(teacher, mix) + (1.0 - beta) * _kl(student_logp_BTV, mix)
+    return reverse_kl(student_logp_BRV, teacher_logp_BRV)
+  teacher = jax.lax.stop_gradient(teacher_logp_BRV)
+  mix = jnp.logaddexp(teacher + jnp.log(beta), student_logp_BRV + jnp.log1p(-beta))
+  return beta * _kl(teacher, mix) + (1.0 - beta) * _kl(student_logp_BRV, mix)
 
 
-def token_divergence(student_logp_BTV: jax.Array, teacher_logp_BTV: jax.Array, *,
+def token_divergence(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array, *,
                      kind: str, beta: float = 0.5) -> jax.Array:
   """Dispatch by name: ``reverse_kl`` | ``forward_kl`` | ``jsd`` (uses ``beta``)."""
   if kind == "reverse_kl":
-    return reverse_kl(student_logp_BTV, teacher_logp_BTV)
+    return reverse_kl(student_logp_BRV, teacher_logp_BRV)
   if kind == "forward_kl":
-    return forward_kl(student_logp_BTV, teacher_logp_BTV)
+    return forward_kl(student_logp_BRV, teacher_logp_BRV)
   if kind == "jsd":
-    return generalized_jsd(student_logp_BTV, teacher_logp_BTV, beta)
+    return generalized_jsd(student_logp_BRV, teacher_logp_BRV, beta)
   raise ValueError(f"distill divergence kind={kind!r} is unknown; allowed: "
                    "'reverse_kl', 'forward_kl', 'jsd'")
 
 
-def teacher_gap(student_token_logp_BT: jax.Array, teacher_token_logp_BT: jax.Array) -> jax.Array:
+def teacher_gap(student_token_logp_BR: jax.Array, teacher_token_logp_BR: jax.Array) -> jax.Array:
   """Detached sampled-token teacher gap sg[log q(y_t) - log p(y_t)] (eq. 33, eq. 37).
 
   The advantage-like coefficient of eq. 32 evaluated at the sampled token: the
   per-token reward of on-policy distillation, the magnitude signal of RLSD.
   """
-  if student_token_logp_BT.shape != teacher_token_logp_BT.shape:
-    raise ValueError(f"teacher_gap: student token log-probs {student_token_logp_BT.shape} and "
-                     f"teacher token log-probs {teacher_token_logp_BT.shape} must match")
-  return jax.lax.stop_gradient(teacher_token_logp_BT - student_token_logp_BT)
+  if student_token_logp_BR.shape != teacher_token_logp_BR.shape:
+    raise ValueError(f"teacher_gap: student token log-probs {student_token_logp_BR.shape} and "
+                     f"teacher token log-probs {teacher_token_logp_BR.shape} must match")
+  return jax.lax.stop_gradient(teacher_token_logp_BR - student_token_logp_BR)
 
 
-def sampled_token_surrogate(student_token_logp_BT: jax.Array,
-                            teacher_token_logp_BT: jax.Array) -> jax.Array:
+def sampled_token_surrogate(student_token_logp_BR: jax.Array,
+                            teacher_token_logp_BR: jax.Array) -> jax.Array:
   """-sg[log q(y_t) - log p(y_t)] * log p(y_t): the advantage form of eq. 31-32.
 
   With y_t ~ p_t, the expectation of its gradient equals the reverse-KL
   gradient (eq. 31); one sample per position is an unbiased estimate. Its
   value is not the KL (use ``reverse_kl`` or the gap for reporting).
   """
-  gap_BT = teacher_gap(student_token_logp_BT, teacher_token_logp_BT)
-  return -gap_BT * student_token_logp_BT
+  gap_BR = teacher_gap(student_token_logp_BR, teacher_token_logp_BR)
+  return -gap_BR * student_token_logp_BR
 
 
-def reverse_kl_surrogate(student_logp_BTV: jax.Array, teacher_logp_BTV: jax.Array) -> jax.Array:
+def reverse_kl_surrogate(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array) -> jax.Array:
   """-sum_a sg[p(a) (log q(a) - log p(a))] log p(a): eq. 31 summed over the vocabulary.
 
   The full-vocabulary advantage form: its gradient equals the gradient of
   ``reverse_kl`` exactly (the term sum_a p(a) grad log p(a) = 0 drops out),
   showing the teacher coefficient of eq. 32 is the whole story.
   """
-  _check_pair(student_logp_BTV, teacher_logp_BTV)
-  support = student_logp_BTV > -jnp.inf
-  safe_p = jnp.where(support, student_logp_BTV, 0.0)
-  safe_q = jnp.where(support, jax.lax.stop_gradient(teacher_logp_BTV), 0.0)
+  _check_pair(student_logp_BRV, teacher_logp_BRV)
+  support = student_logp_BRV > -jnp.inf
+  safe_p = jnp.where(support, student_logp_BRV, 0.0)
+  safe_q = jnp.where(support, jax.lax.stop_gradient(teacher_logp_BRV), 0.0)
   coef = jax.lax.stop_gradient(jnp.where(support, jnp.exp(safe_p) * (safe_q - safe_p), 0.0))
   return -jnp.sum(coef * safe_p, axis=-1)
 
 
-def distill_loss(divergence_BT: jax.Array, mask_BT: jax.Array, *, aggregation: str = "token_mean",
+def distill_loss(divergence_BR: jax.Array, mask_BR: jax.Array, *, aggregation: str = "token_mean",
                  norms: BatchNorms | None = None,
-                 weight_BT: jax.Array | None = None) -> WeightedSum:
+                 weight_BR: jax.Array | None = None) -> WeightedSum:
   """sum_{i,t} lambda_it m_it w_it D_it as a (numerator, denominator) pair (eq. 26, 41, 57).
 
-  ``weight_BT`` carries the trust knobs z * tau of eq. 41 and is detached; a
+  ``weight_BR`` carries the trust knobs z * tau of eq. 41 and is detached; a
   token whose weight is 0 keeps counting in the normaliser (its teacher branch
   is off, it is not removed from the batch). ``aggregation`` and ``norms`` are
   those of ``aggregation.aggregate`` (pass the full mini-batch's norms when
   micro-batching); ``token_mean`` is the spec's sum over tokens divided by
   the token count.
   """
-  if divergence_BT.shape != mask_BT.shape:
-    raise ValueError(f"distill_loss: divergence {divergence_BT.shape} and mask {mask_BT.shape} "
+  if divergence_BR.shape != mask_BR.shape:
+    raise ValueError(f"distill_loss: divergence {divergence_BR.shape} and mask {mask_BR.shape} "
                      "must match")
-  loss_BT = divergence_BT
-  if weight_BT is not None:
-    if weight_BT.shape != mask_BT.shape:
-      raise ValueError(f"distill_loss: weight {weight_BT.shape} and mask {mask_BT.shape} must match")
-    loss_BT = jax.lax.stop_gradient(weight_BT) * jnp.where(mask_BT, divergence_BT, 0.0)
-  return aggregate(loss_BT, mask_BT, aggregation, norms)
+  loss_BR = divergence_BR
+  if weight_BR is not None:
+    if weight_BR.shape != mask_BR.shape:
+      raise ValueError(f"distill_loss: weight {weight_BR.shape} and mask {mask_BR.shape} must match")
+    loss_BR = jax.lax.stop_gradient(weight_BR) * jnp.where(mask_BR, divergence_BR, 0.0)
+  return aggregate(loss_BR, mask_BR, aggregation, norms)

@@ -26,19 +26,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-TAILS = ("bucket", "renormalize")
+TOPK_TAILS = ("bucket", "renormalize")
 
 
-def topk_support(student_logp_BTV: jax.Array, topk_ids_BTK: jax.Array,
-                 teacher_topk_logp_BTK: jax.Array, *,
+def topk_support(student_logp_BRV: jax.Array, topk_ids_BRK: jax.Array,
+                 teacher_topk_logp_BRK: jax.Array, *,
                  tail: str, tail_tol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
   """Project student and teacher onto the teacher's top-k support.
 
   Args:
-    student_logp_BTV: the student's normalised log-probs over the vocabulary.
-    topk_ids_BTK: the teacher's top-k token ids, distinct within a position,
+    student_logp_BRV: the student's normalised log-probs over the vocabulary.
+    topk_ids_BRK: the teacher's top-k token ids, distinct within a position,
       in [0, V).
-    teacher_topk_logp_BTK: the teacher's normalised log-probs of those ids
+    teacher_topk_logp_BRK: the teacher's normalised log-probs of those ids
       (from the full-vocabulary softmax, not renormalised over the k).
     tail: ``"bucket"`` (returns J = K + 1 outcomes, the last is the tail) or
       ``"renormalize"`` (J = K).
@@ -46,52 +46,52 @@ def topk_support(student_logp_BTV: jax.Array, topk_ids_BTK: jax.Array,
       below this is float rounding and counts as 0 (>= 0).
 
   Returns:
-    (student_logp_BTJ, teacher_logp_BTJ), both normalised over J; the
+    (student_logp_BRJ, teacher_logp_BRJ), both normalised over J; the
     teacher side is detached.
   """
-  if tail not in TAILS:
-    raise ValueError(f"topk_support: tail={tail!r} is unknown; allowed: {TAILS}")
+  if tail not in TOPK_TAILS:
+    raise ValueError(f"topk_support: tail={tail!r} is unknown; allowed: {TOPK_TAILS}")
   if not tail_tol >= 0.0:
     raise ValueError(f"topk_support: tail_tol={tail_tol} must be >= 0")
-  if topk_ids_BTK.shape != teacher_topk_logp_BTK.shape:
-    raise ValueError(f"topk_support: topk_ids {topk_ids_BTK.shape} and teacher_topk_logp "
-                     f"{teacher_topk_logp_BTK.shape} must have the same shape [..., K]")
-  if topk_ids_BTK.shape[:-1] != student_logp_BTV.shape[:-1]:
-    raise ValueError(f"topk_support: top-k leading shape {topk_ids_BTK.shape[:-1]} differs from "
-                     f"the student's {student_logp_BTV.shape[:-1]}")
-  vocab = student_logp_BTV.shape[-1]
-  k = topk_ids_BTK.shape[-1]
+  if topk_ids_BRK.shape != teacher_topk_logp_BRK.shape:
+    raise ValueError(f"topk_support: topk_ids {topk_ids_BRK.shape} and teacher_topk_logp "
+                     f"{teacher_topk_logp_BRK.shape} must have the same shape [..., K]")
+  if topk_ids_BRK.shape[:-1] != student_logp_BRV.shape[:-1]:
+    raise ValueError(f"topk_support: top-k leading shape {topk_ids_BRK.shape[:-1]} differs from "
+                     f"the student's {student_logp_BRV.shape[:-1]}")
+  vocab = student_logp_BRV.shape[-1]
+  k = topk_ids_BRK.shape[-1]
   if not 1 <= k <= vocab:
     raise ValueError(f"topk_support: k={k} must be in [1, V={vocab}]")
-  if not isinstance(topk_ids_BTK, jax.core.Tracer):
-    ids = np.asarray(topk_ids_BTK)  # concrete ids (numpy: also inside another function's jit)
+  if not isinstance(topk_ids_BRK, jax.core.Tracer):
+    ids = np.asarray(topk_ids_BRK)  # concrete ids (numpy: also inside another function's jit)
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
       raise ValueError(f"topk_support: topk_ids range [{lo}, {hi}] is outside the student's "
                        f"vocabulary [0, {vocab}); the teacher must share the student's tokenizer")
 
-  teacher_BTK = jax.lax.stop_gradient(teacher_topk_logp_BTK)
-  student_BTK = jnp.take_along_axis(student_logp_BTV, topk_ids_BTK, axis=-1)
+  teacher_BRK = jax.lax.stop_gradient(teacher_topk_logp_BRK)
+  student_BRK = jnp.take_along_axis(student_logp_BRV, topk_ids_BRK, axis=-1)
 
   if tail == "renormalize":
-    return (student_BTK - jax.nn.logsumexp(student_BTK, axis=-1, keepdims=True),
-            teacher_BTK - jax.nn.logsumexp(teacher_BTK, axis=-1, keepdims=True))
+    return (student_BRK - jax.nn.logsumexp(student_BRK, axis=-1, keepdims=True),
+            teacher_BRK - jax.nn.logsumexp(teacher_BRK, axis=-1, keepdims=True))
 
   # Student tail: logsumexp over the ids outside the top-k (exact, no 1 - sum
   # cancellation). An empty tail (K = V) is -inf with a zero gradient.
-  in_topk_BTV = jnp.put_along_axis(jnp.zeros(student_logp_BTV.shape, jnp.bool_), topk_ids_BTK,
+  in_topk_BRV = jnp.put_along_axis(jnp.zeros(student_logp_BRV.shape, jnp.bool_), topk_ids_BRK,
                                    True, axis=-1, inplace=False)
-  empty_BT1 = jnp.all(in_topk_BTV, axis=-1, keepdims=True)
-  outside_BTV = jnp.where(in_topk_BTV | empty_BT1, -jnp.inf, student_logp_BTV)
-  safe_BTV = jnp.where(empty_BT1, 0.0, outside_BTV)
+  empty_BT1 = jnp.all(in_topk_BRV, axis=-1, keepdims=True)
+  outside_BRV = jnp.where(in_topk_BRV | empty_BT1, -jnp.inf, student_logp_BRV)
+  safe_BRV = jnp.where(empty_BT1, 0.0, outside_BRV)
   student_tail_BT1 = jnp.where(
-      empty_BT1, -jnp.inf, jax.nn.logsumexp(safe_BTV, axis=-1, keepdims=True))
-  teacher_tail_BT1 = _teacher_tail(teacher_BTK, vocab, tail_tol)
-  return (jnp.concatenate([student_BTK, student_tail_BT1], axis=-1),
-          jnp.concatenate([teacher_BTK, teacher_tail_BT1], axis=-1))
+      empty_BT1, -jnp.inf, jax.nn.logsumexp(safe_BRV, axis=-1, keepdims=True))
+  teacher_tail_BT1 = _teacher_tail(teacher_BRK, vocab, tail_tol)
+  return (jnp.concatenate([student_BRK, student_tail_BT1], axis=-1),
+          jnp.concatenate([teacher_BRK, teacher_tail_BT1], axis=-1))
 
 
-def _teacher_tail(teacher_BTK: jax.Array, vocab: int, tail_tol: float) -> jax.Array:
+def _teacher_tail(teacher_BRK: jax.Array, vocab: int, tail_tol: float) -> jax.Array:
   """log(1 - sum_k q_k) [..., 1], -inf for an empty tail.
 
   Summing K rounded probabilities leaves an error of order K * eps, which
@@ -99,13 +99,13 @@ def _teacher_tail(teacher_BTK: jax.Array, vocab: int, tail_tol: float) -> jax.Ar
   has empty: a tail at or below tail_tol is 0. At K = V the tail is empty by
   definition.
   """
-  if teacher_BTK.shape[-1] == vocab:
-    return jnp.full(teacher_BTK.shape[:-1] + (1,), -jnp.inf, teacher_BTK.dtype)
-  tail_BT1 = 1.0 - jnp.sum(jnp.exp(teacher_BTK), axis=-1, keepdims=True)
+  if teacher_BRK.shape[-1] == vocab:
+    return jnp.full(teacher_BRK.shape[:-1] + (1,), -jnp.inf, teacher_BRK.dtype)
+  tail_BT1 = 1.0 - jnp.sum(jnp.exp(teacher_BRK), axis=-1, keepdims=True)
   return jnp.where(tail_BT1 > tail_tol, jnp.log(jnp.maximum(tail_BT1, tail_tol)), -jnp.inf)
 
 
-def topk_support_gathered(student_topk_logp_BTK: jax.Array, teacher_topk_logp_BTK: jax.Array, *,
+def topk_support_gathered(student_topk_logp_BRK: jax.Array, teacher_topk_logp_BRK: jax.Array, *,
                           vocab: int, tail: str, tail_tol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
   """``topk_support`` from the student's log-probs at the teacher's ids only.
 
@@ -116,27 +116,27 @@ def topk_support_gathered(student_topk_logp_BTK: jax.Array, teacher_topk_logp_BT
   other ids, so a student tail mass at or below ``tail_tol`` (float
   rounding of the sum) counts as 0, like the teacher's. ``vocab`` is V.
   """
-  if tail not in TAILS:
-    raise ValueError(f"topk_support_gathered: tail={tail!r} is unknown; allowed: {TAILS}")
+  if tail not in TOPK_TAILS:
+    raise ValueError(f"topk_support_gathered: tail={tail!r} is unknown; allowed: {TOPK_TAILS}")
   if not tail_tol >= 0.0:
     raise ValueError(f"topk_support_gathered: tail_tol={tail_tol} must be >= 0")
-  if student_topk_logp_BTK.shape != teacher_topk_logp_BTK.shape:
-    raise ValueError(f"topk_support_gathered: student {student_topk_logp_BTK.shape} and teacher "
-                     f"{teacher_topk_logp_BTK.shape} top-k log-probs must have the same shape [..., K]")
-  k = student_topk_logp_BTK.shape[-1]
+  if student_topk_logp_BRK.shape != teacher_topk_logp_BRK.shape:
+    raise ValueError(f"topk_support_gathered: student {student_topk_logp_BRK.shape} and teacher "
+                     f"{teacher_topk_logp_BRK.shape} top-k log-probs must have the same shape [..., K]")
+  k = student_topk_logp_BRK.shape[-1]
   if not 1 <= k <= vocab:
     raise ValueError(f"topk_support_gathered: k={k} must be in [1, V={vocab}]")
-  teacher_BTK = jax.lax.stop_gradient(teacher_topk_logp_BTK)
-  student_BTK = student_topk_logp_BTK
+  teacher_BRK = jax.lax.stop_gradient(teacher_topk_logp_BRK)
+  student_BRK = student_topk_logp_BRK
   if tail == "renormalize":
-    return (student_BTK - jax.nn.logsumexp(student_BTK, axis=-1, keepdims=True),
-            teacher_BTK - jax.nn.logsumexp(teacher_BTK, axis=-1, keepdims=True))
+    return (student_BRK - jax.nn.logsumexp(student_BRK, axis=-1, keepdims=True),
+            teacher_BRK - jax.nn.logsumexp(teacher_BRK, axis=-1, keepdims=True))
   if k == vocab:
-    student_tail_BT1 = jnp.full(student_BTK.shape[:-1] + (1,), -jnp.inf, student_BTK.dtype)
+    student_tail_BT1 = jnp.full(student_BRK.shape[:-1] + (1,), -jnp.inf, student_BRK.dtype)
   else:
     # The double where keeps the gradient finite where the tail is empty.
-    mass_BT1 = 1.0 - jnp.sum(jnp.exp(student_BTK), axis=-1, keepdims=True)
+    mass_BT1 = 1.0 - jnp.sum(jnp.exp(student_BRK), axis=-1, keepdims=True)
     has_BT1 = mass_BT1 > tail_tol
     student_tail_BT1 = jnp.where(has_BT1, jnp.log(jnp.where(has_BT1, mass_BT1, 1.0)), -jnp.inf)
-  return (jnp.concatenate([student_BTK, student_tail_BT1], axis=-1),
-          jnp.concatenate([teacher_BTK, _teacher_tail(teacher_BTK, vocab, tail_tol)], axis=-1))
+  return (jnp.concatenate([student_BRK, student_tail_BT1], axis=-1),
+          jnp.concatenate([teacher_BRK, _teacher_tail(teacher_BRK, vocab, tail_tol)], axis=-1))

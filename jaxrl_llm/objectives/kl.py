@@ -20,13 +20,13 @@ import jax.numpy as jnp
 from jaxrl_llm.objectives.config import KL_ESTIMATORS
 
 
-def kl_penalty(logp_BT, ref_logp_BT, kind: str, *, log_clamp: float = 20.0):
-  """Per-token k1 / k2 / k3 estimate of KL(pi_theta || pi_ref): shape of logp_BT."""
+def kl_penalty(logp_BR, ref_logp_BR, kind: str, *, log_clamp: float = 20.0):
+  """Per-token k1 / k2 / k3 estimate of KL(pi_theta || pi_ref): shape of logp_BR."""
   if kind not in KL_ESTIMATORS:
     raise ValueError(f"kind={kind!r} is invalid: allowed KL estimators are {KL_ESTIMATORS}")
-  if logp_BT.shape != ref_logp_BT.shape:
-    raise ValueError(f"ref_logp_BT shape {ref_logp_BT.shape} must equal logp_BT shape {logp_BT.shape}")
-  delta = jnp.clip(ref_logp_BT - logp_BT, -log_clamp, log_clamp)
+  if logp_BR.shape != ref_logp_BR.shape:
+    raise ValueError(f"ref_logp_BR shape {ref_logp_BR.shape} must equal logp_BR shape {logp_BR.shape}")
+  delta = jnp.clip(ref_logp_BR - logp_BR, -log_clamp, log_clamp)
   if kind == "k1":
     return -delta
   if kind == "k2":
@@ -34,34 +34,34 @@ def kl_penalty(logp_BT, ref_logp_BT, kind: str, *, log_clamp: float = 20.0):
   return jnp.exp(delta) - delta - 1.0
 
 
-def fold_kl_into_rewards(rewards_B, logp_BT, ref_logp_BT, mask_BT, *, coef: float, kind: str = "k1",
+def fold_kl_into_rewards(rewards_B, logp_BR, ref_logp_BR, mask_BR, *, coef: float, kind: str = "k1",
                          log_clamp: float = 20.0):
   """R_i - coef * sum_t m_{i,t} k(pi, pi_ref)_{i,t}: KL folded into the outcome reward.
 
-  logp_BT are the sampling policy's log-probs (no gradient flows: rewards are data).
+  logp_BR are the sampling policy's log-probs (no gradient flows: rewards are data).
   """
   if coef < 0:
     raise ValueError(f"coef={coef!r} is invalid: must be >= 0")
-  k = kl_penalty(jax.lax.stop_gradient(logp_BT), ref_logp_BT, kind, log_clamp=log_clamp)
-  return rewards_B - coef * jnp.sum(jnp.where(mask_BT, k, 0.0), axis=1)
+  k = kl_penalty(jax.lax.stop_gradient(logp_BR), ref_logp_BR, kind, log_clamp=log_clamp)
+  return rewards_B - coef * jnp.sum(jnp.where(mask_BR, k, 0.0), axis=1)
 
 
-def kl_token_rewards(token_rewards_BT, logp_BT, ref_logp_BT, mask_BT, *, coef: float, kind: str = "k1",
+def kl_token_rewards(token_rewards_BR, logp_BR, ref_logp_BR, mask_BR, *, coef: float, kind: str = "k1",
                      log_clamp: float = 20.0):
   """Per-token rewards r_t - coef * k_t (for GAE): the KL penalty at every token."""
   if coef < 0:
     raise ValueError(f"coef={coef!r} is invalid: must be >= 0")
-  k = kl_penalty(jax.lax.stop_gradient(logp_BT), ref_logp_BT, kind, log_clamp=log_clamp)
-  return token_rewards_BT - coef * jnp.where(mask_BT, k, 0.0)
+  k = kl_penalty(jax.lax.stop_gradient(logp_BR), ref_logp_BR, kind, log_clamp=log_clamp)
+  return token_rewards_BR - coef * jnp.where(mask_BR, k, 0.0)
 
 
-def entropy_from_logp(logp_BTV):
-  """H = -sum_v p_v log p_v from normalised log-probs (0 log 0 = 0): [B, T]."""
-  support = logp_BTV > -jnp.inf
-  safe = jnp.where(support, logp_BTV, 0.0)
+def entropy_from_logp(logp_BRV):
+  """H = -sum_v p_v log p_v from normalised log-probs (0 log 0 = 0): [B, R]."""
+  support = logp_BRV > -jnp.inf
+  safe = jnp.where(support, logp_BRV, 0.0)
   return -jnp.sum(jnp.where(support, jnp.exp(safe) * safe, 0.0), axis=-1)
 
 
-def entropy_from_logits(logits_BTV):
+def entropy_from_logits(logits_BRV):
   """Entropy of softmax(logits) per position: logsumexp(z) - sum_v p_v z_v."""
-  return entropy_from_logp(jax.nn.log_softmax(logits_BTV, axis=-1))
+  return entropy_from_logp(jax.nn.log_softmax(logits_BRV, axis=-1))

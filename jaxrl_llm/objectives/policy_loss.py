@@ -41,11 +41,11 @@ _DIAG_KEYS = (
 class MasterWeights:
   """W = f T per token and the diagnostics that produced it (no gradient)."""
 
-  weight_BT: jax.Array  # [B, T] W
-  trust_BT: jax.Array  # [B, T] T
-  correction_BT: jax.Array  # [B, T] f
+  weight_BR: jax.Array  # [B, R] W
+  trust_BR: jax.Array  # [B, R] T
+  correction_BR: jax.Array  # [B, R] f
   ratios: TokenRatios
-  diag: dict  # name -> bool [B, T], keys _DIAG_KEYS
+  diag: dict  # name -> bool [B, R], keys _DIAG_KEYS
 
 
 @struct.dataclass
@@ -68,32 +68,32 @@ def _seq_broadcast(x_B, shape):
   return jnp.broadcast_to(x_B[:, None], shape)
 
 
-def sequence_advantage(adv_BT, mask_BT):
+def sequence_advantage(adv_BR, mask_BR):
   """Per-answer advantage: the masked mean over the answer's tokens, broadcast."""
-  m = mask_BT.astype(jnp.float32)
-  a_B = jnp.sum(m * adv_BT, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
-  return _seq_broadcast(a_B, adv_BT.shape)
+  m = mask_BR.astype(jnp.float32)
+  a_B = jnp.sum(m * adv_BR, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+  return _seq_broadcast(a_B, adv_BR.shape)
 
 
-def master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: ObjectiveConfig,
-                   *, kl_BT=None) -> MasterWeights:
+def master_weights(logp_BR, prox_logp_BR, behav_logp_BR, adv_BR, mask_BR, cfg: ObjectiveConfig,
+                   *, kl_BR=None) -> MasterWeights:
   """W_{i,t} = f T of spec 002's master table, from stop-gradient inputs."""
   sg = jax.lax.stop_gradient
-  shape = logp_BT.shape
-  mask = mask_BT.astype(bool)
+  shape = logp_BR.shape
+  mask = mask_BR.astype(bool)
   # Ratios in float32 whatever the log-prob dtype: a bf16 log-ratio is off by ~1%.
   f32 = lambda x: sg(x).astype(jnp.float32)  # noqa: E731
-  lp, behav, adv = f32(logp_BT), f32(behav_logp_BT), f32(adv_BT)
-  prox = behav if prox_logp_BT is None else f32(prox_logp_BT)
+  lp, behav, adv = f32(logp_BR), f32(behav_logp_BR), f32(adv_BR)
+  prox = behav if prox_logp_BR is None else f32(prox_logp_BR)
   ratios = token_ratios(lp, prox, behav, log_clamp=cfg.log_ratio_clamp)
   false = jnp.zeros(shape, bool)
   diag = {k: false for k in _DIAG_KEYS}
 
   # T: trust region on r (token) or s_i (sequence geometric mean).
   if cfg.trust_level == "token":
-    log_x = ratios.log_r_BT
+    log_x = ratios.log_r_BR
   else:
-    log_x = _seq_broadcast(seq_log_geomean(ratios.log_r_BT, mask, log_clamp=cfg.log_ratio_clamp), shape)
+    log_x = _seq_broadcast(seq_log_geomean(ratios.log_r_BR, mask, log_clamp=cfg.log_ratio_clamp), shape)
   x = jnp.exp(log_x)
   if cfg.trust_region == "none":
     trust = jnp.ones(shape)
@@ -108,7 +108,7 @@ def master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: O
     diag.update({"trust/clip_low": tw.below, "trust/clip_high": tw.above})
 
   # f: correction on c or rho, at token or sequence level.
-  log_y = ratios.log_c_BT if cfg.correction_ratio == "c" else ratios.log_rho_BT
+  log_y = ratios.log_c_BR if cfg.correction_ratio == "c" else ratios.log_rho_BR
   if cfg.correction_level == "seq_product":
     log_y = _seq_broadcast(seq_log_product(log_y, mask, log_clamp=cfg.log_ratio_clamp), shape)
   elif cfg.correction_level == "seq_geomean":
@@ -141,10 +141,10 @@ def master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: O
     corr = jnp.where(keep, base, 0.0)
     diag["correction/masked"] = ~keep
   elif kind == "trm":
-    if kl_BT is None:
-      raise ValueError("correction='trm' needs kl_BT: the per-token KL(mu || pi_theta) over the full "
+    if kl_BR is None:
+      raise ValueError("correction='trm' needs kl_BR: the per-token KL(mu || pi_theta) over the full "
                        "vocabulary (weights.full_token_kl computes it from full log-probs)")
-    keep_B = wts.trm_keep(sg(kl_BT), mask, max_delta=cfg.trm_max_delta, mean_delta=cfg.trm_mean_delta)
+    keep_B = wts.trm_keep(sg(kl_BR), mask, max_delta=cfg.trm_max_delta, mean_delta=cfg.trm_mean_delta)
     keep = _seq_broadcast(keep_B, shape)
     corr = jnp.where(keep, y, 0.0)
     diag["correction/masked"] = ~keep
@@ -152,81 +152,81 @@ def master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: O
     corr = wts.topr_weight(y, adv)
     diag["correction/clip_high"] = (adv < 0) & (y > 1.0)
   diag = {k: v & mask for k, v in diag.items()}
-  return MasterWeights(weight_BT=corr * trust, trust_BT=trust, correction_BT=corr, ratios=ratios, diag=diag)
+  return MasterWeights(weight_BR=corr * trust, trust_BR=trust, correction_BR=corr, ratios=ratios, diag=diag)
 
 
-def _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, norms, centering, kl_BT,
-                  ref_logp_BT, entropy_BT):
+def _check_inputs(logp_BR, prox_logp_BR, behav_logp_BR, adv_BR, mask_BR, cfg, norms, centering, kl_BR,
+                  ref_logp_BR, entropy_BR):
   if not isinstance(cfg, ObjectiveConfig):
     raise TypeError(f"cfg must be an ObjectiveConfig, got {type(cfg).__name__}")
-  if logp_BT.ndim != 2:
-    raise ValueError(f"logp_BT must have shape [B, T], got shape {logp_BT.shape}")
+  if logp_BR.ndim != 2:
+    raise ValueError(f"logp_BR must have shape [B, R], got shape {logp_BR.shape}")
   if norms is not None and not isinstance(norms, BatchNorms):
     raise TypeError(f"norms must be a BatchNorms from batch_norms(...) or None, got {type(norms).__name__}")
-  shape = logp_BT.shape
-  named = {"mask_BT": mask_BT, "behav_logp_BT": behav_logp_BT, "prox_logp_BT": prox_logp_BT,
-           "centering": centering, "kl_BT": kl_BT, "ref_logp_BT": ref_logp_BT, "entropy_BT": entropy_BT}
+  shape = logp_BR.shape
+  named = {"mask_BR": mask_BR, "behav_logp_BR": behav_logp_BR, "prox_logp_BR": prox_logp_BR,
+           "centering": centering, "kl_BR": kl_BR, "ref_logp_BR": ref_logp_BR, "entropy_BR": entropy_BR}
   for name, arr in named.items():
     if arr is not None and arr.shape != shape:
-      raise ValueError(f"{name} has shape {arr.shape}; it must equal logp_BT's shape {shape}")
-  if adv_BT.shape not in (shape, shape[:1]):
-    raise ValueError(f"adv_BT has shape {adv_BT.shape}; allowed shapes are {shape} (per token) "
+      raise ValueError(f"{name} has shape {arr.shape}; it must equal logp_BR's shape {shape}")
+  if adv_BR.shape not in (shape, shape[:1]):
+    raise ValueError(f"adv_BR has shape {adv_BR.shape}; allowed shapes are {shape} (per token) "
                      f"and {shape[:1]} (per answer)")
-  needs = (("prox_logp_BT", prox_logp_BT, cfg.needs_prox, "its trust region / correction on c uses pi_prox"),
+  needs = (("prox_logp_BR", prox_logp_BR, cfg.needs_prox, "its trust region / correction on c uses pi_prox"),
            ("centering", centering, cfg.needs_centering, "kappa=1 (score_centering.centering_exact/_topk)"),
-           ("ref_logp_BT", ref_logp_BT, cfg.needs_ref and cfg.kl_placement == "loss", "kl_coef > 0 in the loss"),
-           ("entropy_BT", entropy_BT, cfg.needs_entropy, "entropy_coef > 0"))
+           ("ref_logp_BR", ref_logp_BR, cfg.needs_ref and cfg.kl_placement == "loss", "kl_coef > 0 in the loss"),
+           ("entropy_BR", entropy_BR, cfg.needs_entropy, "entropy_coef > 0"))
   for name, arr, needed, why in needs:
     if needed and arr is None:
       raise ValueError(f"{name} is None but ObjectiveConfig(name={cfg.name!r}) needs it: {why}")
 
 
-def policy_loss(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: ObjectiveConfig, *,
-                norms: BatchNorms | None, centering=None, kl_BT=None, ref_logp_BT=None,
-                entropy_BT=None) -> PolicyLoss:
+def policy_loss(logp_BR, prox_logp_BR, behav_logp_BR, adv_BR, mask_BR, cfg: ObjectiveConfig, *,
+                norms: BatchNorms | None, centering=None, kl_BR=None, ref_logp_BR=None,
+                entropy_BR=None) -> PolicyLoss:
   """Master-equation loss (-J) with diagnostics.
 
-  logp_BT: log pi_theta(y_t) with gradient; prox_logp_BT: log pi_prox (may be
+  logp_BR: log pi_theta(y_t) with gradient; prox_logp_BR: log pi_prox (may be
   None when `cfg.needs_prox` is False: then pi_prox := mu, so c = 1 and the
-  r metrics report rho); behav_logp_BT: log mu; adv_BT: [B, T]
-  or [B] advantages (treated as constants); mask_BT: valid response tokens.
+  r metrics report rho); behav_logp_BR: log mu; adv_BR: [B, R]
+  or [B] advantages (treated as constants); mask_BR: valid response tokens.
   norms: `batch_norms` of the full mini-batch (None: this call is the whole
-  batch). centering: Score Centering's C_{i,t} (kappa=1). kl_BT: per-token
-  KL(mu || pi_theta) for TRM. ref_logp_BT: log pi_ref for an in-loss KL.
-  entropy_BT: per-token entropy of pi_theta (with gradient) for the bonus.
+  batch). centering: Score Centering's C_{i,t} (kappa=1). kl_BR: per-token
+  KL(mu || pi_theta) for TRM. ref_logp_BR: log pi_ref for an in-loss KL.
+  entropy_BR: per-token entropy of pi_theta (with gradient) for the bonus.
   """
-  _check_inputs(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg, norms, centering, kl_BT,
-                ref_logp_BT, entropy_BT)
+  _check_inputs(logp_BR, prox_logp_BR, behav_logp_BR, adv_BR, mask_BR, cfg, norms, centering, kl_BR,
+                ref_logp_BR, entropy_BR)
   sg = jax.lax.stop_gradient
-  mask = mask_BT.astype(bool)
-  shape = logp_BT.shape
-  adv = sg(jnp.broadcast_to(adv_BT[:, None], shape) if adv_BT.ndim == 1 else adv_BT).astype(jnp.float32)
+  mask = mask_BR.astype(bool)
+  shape = logp_BR.shape
+  adv = sg(jnp.broadcast_to(adv_BR[:, None], shape) if adv_BR.ndim == 1 else adv_BR).astype(jnp.float32)
   if cfg.adv_level == "sequence":
     adv = sequence_advantage(adv, mask)
   adv = jnp.where(mask, adv, 0.0)
   if norms is None:
-    norms = batch_norms(mask_BT, 1, cfg)
+    norms = batch_norms(mask_BR, 1, cfg)
 
-  mw = master_weights(logp_BT, prox_logp_BT, behav_logp_BT, adv, mask, cfg, kl_BT=kl_BT)
-  logp = jnp.where(mask, logp_BT, 0.0)  # padding may hold -inf; keep it out of values and grads
-  surrogate = mw.weight_BT * jnp.exp(logp - sg(logp))
+  mw = master_weights(logp_BR, prox_logp_BR, behav_logp_BR, adv, mask, cfg, kl_BR=kl_BR)
+  logp = jnp.where(mask, logp_BR, 0.0)  # padding may hold -inf; keep it out of values and grads
+  surrogate = mw.weight_BR * jnp.exp(logp - sg(logp))
   if cfg.kappa == 1:
     cent = jnp.where(mask, centering, 0.0)
     surrogate = surrogate - (cent - sg(cent))
-  pg_BT = -adv * surrogate
-  total_BT = pg_BT
-  parts = {"loss/pg": pg_BT}
-  kl_ref_BT = None
+  pg_BR = -adv * surrogate
+  total_BR = pg_BR
+  parts = {"loss/pg": pg_BR}
+  kl_ref_BR = None
   if cfg.kl_coef > 0 and cfg.kl_placement == "loss":
-    kl_ref_BT = kl_penalty(logp, jnp.where(mask, ref_logp_BT, 0.0), cfg.kl_estimator,
+    kl_ref_BR = kl_penalty(logp, jnp.where(mask, ref_logp_BR, 0.0), cfg.kl_estimator,
                            log_clamp=cfg.log_ratio_clamp)
-    total_BT = total_BT + cfg.kl_coef * kl_ref_BT
-    parts["loss/kl"] = cfg.kl_coef * kl_ref_BT
+    total_BR = total_BR + cfg.kl_coef * kl_ref_BR
+    parts["loss/kl"] = cfg.kl_coef * kl_ref_BR
   if cfg.entropy_coef > 0:
-    ent = jnp.where(mask, entropy_BT, 0.0)
-    total_BT = total_BT - cfg.entropy_coef * ent
+    ent = jnp.where(mask, entropy_BR, 0.0)
+    total_BR = total_BR - cfg.entropy_coef * ent
     parts["loss/entropy"] = -cfg.entropy_coef * ent
-  loss = aggregate(total_BT, mask, cfg.aggregation, norms)
+  loss = aggregate(total_BR, mask, cfg.aggregation, norms)
 
   metrics = {k: aggregate(v, mask, cfg.aggregation, norms) for k, v in parts.items()}
   m = mask.astype(jnp.float32)
@@ -238,14 +238,14 @@ def policy_loss(logp_BT, prox_logp_BT, behav_logp_BT, adv_BT, mask_BT, cfg: Obje
   means = {key + "_frac": flag.astype(jnp.float32) for key, flag in mw.diag.items()}
   means.update({
       "ratio/r_mean": r, "ratio/c_mean": c, "ratio/rho_mean": rho,
-      "kl/prox_behav": mw.ratios.log_c_BT * c - c + 1.0,
-      "kl/theta_prox": mw.ratios.log_r_BT * r - r + 1.0,
-      "weight/abs_mean": jnp.abs(mw.weight_BT), "adv/mean": adv,
+      "kl/prox_behav": mw.ratios.log_c_BR * c - c + 1.0,
+      "kl/theta_prox": mw.ratios.log_r_BR * r - r + 1.0,
+      "weight/abs_mean": jnp.abs(mw.weight_BR), "adv/mean": adv,
   })
-  if kl_ref_BT is not None:
-    means["kl/ref"] = sg(kl_ref_BT)
-  if entropy_BT is not None:
-    means["entropy/mean"] = sg(entropy_BT)
+  if kl_ref_BR is not None:
+    means["kl/ref"] = sg(kl_ref_BR)
+  if entropy_BR is not None:
+    means["entropy/mean"] = sg(entropy_BR)
   sums_K = jnp.sum(jnp.where(mask[None], jnp.stack(list(means.values())), 0.0), axis=(1, 2))
   metrics.update({k: WeightedSum(sums_K[i], n_tok) for i, k in enumerate(means)})
   seq_masked = jnp.any(mw.diag["correction/masked"], axis=1) & (len_B > 0)

@@ -35,49 +35,49 @@ def clamped_log_ratio(logp_num, logp_den, *, log_clamp: float = DEFAULT_LOG_CLAM
 class TokenRatios:
   """Clamped per-token log-ratios; `r`, `c`, `rho` are their exponentials."""
 
-  log_r_BT: jax.Array  # [B, T] log pi_theta - log pi_prox
-  log_c_BT: jax.Array  # [B, T] log pi_prox - log mu
-  log_rho_BT: jax.Array  # [B, T] log pi_theta - log mu
+  log_r_BR: jax.Array  # [B, R] log pi_theta - log pi_prox
+  log_c_BR: jax.Array  # [B, R] log pi_prox - log mu
+  log_rho_BR: jax.Array  # [B, R] log pi_theta - log mu
 
   @property
   def r(self):
-    return jnp.exp(self.log_r_BT)
+    return jnp.exp(self.log_r_BR)
 
   @property
   def c(self):
-    return jnp.exp(self.log_c_BT)
+    return jnp.exp(self.log_c_BR)
 
   @property
   def rho(self):
-    return jnp.exp(self.log_rho_BT)
+    return jnp.exp(self.log_rho_BR)
 
 
-def token_ratios(logp_BT, prox_logp_BT, behav_logp_BT, *, log_clamp: float = DEFAULT_LOG_CLAMP) -> TokenRatios:
+def token_ratios(logp_BR, prox_logp_BR, behav_logp_BR, *, log_clamp: float = DEFAULT_LOG_CLAMP) -> TokenRatios:
   """r, c, rho per token (spec 002, eq. in section 1.1)."""
   return TokenRatios(
-      log_r_BT=clamped_log_ratio(logp_BT, prox_logp_BT, log_clamp=log_clamp),
-      log_c_BT=clamped_log_ratio(prox_logp_BT, behav_logp_BT, log_clamp=log_clamp),
-      log_rho_BT=clamped_log_ratio(logp_BT, behav_logp_BT, log_clamp=log_clamp),
+      log_r_BR=clamped_log_ratio(logp_BR, prox_logp_BR, log_clamp=log_clamp),
+      log_c_BR=clamped_log_ratio(prox_logp_BR, behav_logp_BR, log_clamp=log_clamp),
+      log_rho_BR=clamped_log_ratio(logp_BR, behav_logp_BR, log_clamp=log_clamp),
   )
 
 
-def seq_log_product(log_ratio_BT, mask_BT, *, log_clamp: float = DEFAULT_LOG_CLAMP):
+def seq_log_product(log_ratio_BR, mask_BR, *, log_clamp: float = DEFAULT_LOG_CLAMP):
   """log prod_t x_{i,t} = sum_t m log x, clamped: shape [B]."""
-  s = jnp.sum(jnp.where(mask_BT, log_ratio_BT, 0.0), axis=1)
+  s = jnp.sum(jnp.where(mask_BR, log_ratio_BR, 0.0), axis=1)
   return jnp.clip(s, -log_clamp, log_clamp)
 
 
-def seq_log_geomean(log_ratio_BT, mask_BT, *, log_clamp: float = DEFAULT_LOG_CLAMP):
+def seq_log_geomean(log_ratio_BR, mask_BR, *, log_clamp: float = DEFAULT_LOG_CLAMP):
   """log of the geometric mean (1/|y_i|) sum_t m log x: shape [B] (GSPO s_i).
 
   An empty row has geometric mean 1 (log 0).
   """
-  n = jnp.sum(mask_BT.astype(jnp.float32), axis=1)
-  s = jnp.sum(jnp.where(mask_BT, log_ratio_BT, 0.0), axis=1) / jnp.maximum(n, 1.0)
+  n = jnp.sum(mask_BR.astype(jnp.float32), axis=1)
+  s = jnp.sum(jnp.where(mask_BR, log_ratio_BR, 0.0), axis=1) / jnp.maximum(n, 1.0)
   return jnp.clip(s, -log_clamp, log_clamp)
 
 
-def gspo_token_log_ratio(logp_BT, seq_log_ratio_B):
+def gspo_token_log_ratio(logp_BR, seq_log_ratio_B):
   """GSPO-token: log s_{i,t} = log pi(y_t) - sg(log pi(y_t)) + sg(log s_i).
 
   Its value is log s_i for every token, and its gradient is grad log pi(y_t),
@@ -85,4 +85,4 @@ def gspo_token_log_ratio(logp_BT, seq_log_ratio_B):
   section 4.3): the sequence weight with per-token advantages.
   """
   sg = jax.lax.stop_gradient
-  return logp_BT - sg(logp_BT) + sg(seq_log_ratio_B)[:, None]
+  return logp_BR - sg(logp_BR) + sg(seq_log_ratio_B)[:, None]

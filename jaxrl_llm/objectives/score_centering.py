@@ -58,33 +58,33 @@ def _check_vocab_pair(a, b, names):
     raise ValueError(f"{names[0]} shape {a.shape} must equal {names[1]} shape {b.shape}")
 
 
-def centering_exact(logp_BTV, behav_logp_BTV, cfg: ObjectiveConfig):
-  """C_{i,t} = sum_v sg(mu_v f(rho_v)) log pi_theta(v) from full log-probs: [B, T].
+def centering_exact(logp_BRV, behav_logp_BRV, cfg: ObjectiveConfig):
+  """C_{i,t} = sum_v sg(mu_v f(rho_v)) log pi_theta(v) from full log-probs: [B, R].
 
-  logp_BTV: normalised log pi_theta (with gradient); behav_logp_BTV: log mu
+  logp_BRV: normalised log pi_theta (with gradient); behav_logp_BRV: log mu
   (entries of -inf, tokens the sampler could not emit, contribute 0).
   """
-  _check_vocab_pair(logp_BTV, behav_logp_BTV, ("logp_BTV", "behav_logp_BTV"))
+  _check_vocab_pair(logp_BRV, behav_logp_BRV, ("logp_BRV", "behav_logp_BRV"))
   sg = jax.lax.stop_gradient
-  behav = sg(behav_logp_BTV)
-  log_rho = clamped_log_ratio(sg(logp_BTV), behav, log_clamp=cfg.log_ratio_clamp)
+  behav = sg(behav_logp_BRV)
+  log_rho = clamped_log_ratio(sg(logp_BRV), behav, log_clamp=cfg.log_ratio_clamp)
   coef = jnp.exp(behav) * correction_weight(log_rho, cfg)
-  return jnp.sum(jnp.where(coef != 0, coef * logp_BTV, 0.0), axis=-1)
+  return jnp.sum(jnp.where(coef != 0, coef * logp_BRV, 0.0), axis=-1)
 
 
-def centering_topk(topk_logp_BTK, topk_behav_logp_BTK, cfg: ObjectiveConfig, *, tail_tol: float = 1e-6):
-  """Top-k Score Centering with the gamma tail rescale: [B, T].
+def centering_topk(topk_logp_BRK, topk_behav_logp_BRK, cfg: ObjectiveConfig, *, tail_tol: float = 1e-6):
+  """Top-k Score Centering with the gamma tail rescale: [B, R].
 
-  topk_logp_BTK: log pi_theta at mu's top-k ids (with gradient);
-  topk_behav_logp_BTK: mu's log-probs there. When pi_theta's tail mass
+  topk_logp_BRK: log pi_theta at mu's top-k ids (with gradient);
+  topk_behav_logp_BRK: mu's log-probs there. When pi_theta's tail mass
   outside the top-k is below `tail_tol` the top-k covers the distribution and
   the tail term is 0 (k = V gives `centering_exact`).
   """
-  _check_vocab_pair(topk_logp_BTK, topk_behav_logp_BTK, ("topk_logp_BTK", "topk_behav_logp_BTK"))
+  _check_vocab_pair(topk_logp_BRK, topk_behav_logp_BRK, ("topk_logp_BRK", "topk_behav_logp_BRK"))
   if not tail_tol > 0:
     raise ValueError(f"tail_tol={tail_tol!r} is invalid: must be > 0")
   sg = jax.lax.stop_gradient
-  lp, behav = sg(topk_logp_BTK), sg(topk_behav_logp_BTK)
+  lp, behav = sg(topk_logp_BRK), sg(topk_behav_logp_BRK)
   mu, pi = jnp.exp(behav), jnp.exp(lp)
   w = correction_weight(clamped_log_ratio(lp, behav, log_clamp=cfg.log_ratio_clamp), cfg)
   tail_mu = jnp.clip(1.0 - jnp.sum(mu, axis=-1), 0.0, 1.0)
@@ -96,9 +96,9 @@ def centering_topk(topk_logp_BTK, topk_behav_logp_BTK, cfg: ObjectiveConfig, *, 
                           -cfg.log_ratio_clamp, cfg.log_ratio_clamp)
   tail_w = gamma * correction_weight(log_rho_tail, cfg)
   coef = mu * w - tail_w[..., None] * pi
-  return jnp.sum(jnp.where(coef != 0, coef * topk_logp_BTK, 0.0), axis=-1)
+  return jnp.sum(jnp.where(coef != 0, coef * topk_logp_BRK, 0.0), axis=-1)
 
 
-def gather_topk(logp_BTV, topk_ids_BTK):
-  """log pi_theta at the given ids: [B, T, K] (differentiable)."""
-  return jnp.take_along_axis(logp_BTV, topk_ids_BTK, axis=-1)
+def gather_topk(logp_BRV, topk_ids_BRK):
+  """log pi_theta at the given ids: [B, R, K] (differentiable)."""
+  return jnp.take_along_axis(logp_BRV, topk_ids_BRK, axis=-1)

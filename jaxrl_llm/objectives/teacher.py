@@ -6,7 +6,7 @@ appendix D (eq. 55-57). Routing (z: SRPO, multi-teacher) is in
 
 Every weight returned here is detached: it scales a gradient, it never carries
 one. Advantages may be response-level ``adv_B`` (broadcast over tokens, eq. 19)
-or token-level ``adv_BT``.
+or token-level ``adv_BR``.
 """
 
 from __future__ import annotations
@@ -15,25 +15,25 @@ import jax
 import jax.numpy as jnp
 
 
-def _adv_BT(adv: jax.Array, like_BT: jax.Array, name: str = "adv") -> jax.Array:
+def _adv_BR(adv: jax.Array, like_BR: jax.Array, name: str = "adv") -> jax.Array:
   """Broadcast a response-level advantage over tokens, explicitly."""
-  if adv.ndim == 1 and like_BT.ndim == 2 and adv.shape[0] == like_BT.shape[0]:
-    return jnp.broadcast_to(adv[:, None], like_BT.shape)
-  if adv.shape == like_BT.shape:
+  if adv.ndim == 1 and like_BR.ndim == 2 and adv.shape[0] == like_BR.shape[0]:
+    return jnp.broadcast_to(adv[:, None], like_BR.shape)
+  if adv.shape == like_BR.shape:
     return adv
-  raise ValueError(f"{name} has shape {adv.shape}; expected [B]={like_BT.shape[:1]} or "
-                   f"[B, T]={like_BT.shape}")
+  raise ValueError(f"{name} has shape {adv.shape}; expected [B]={like_BR.shape[:1]} or "
+                   f"[B, R]={like_BR.shape}")
 
 
-def teacher_entropy(teacher_logp_BTV: jax.Array) -> jax.Array:
+def teacher_entropy(teacher_logp_BRV: jax.Array) -> jax.Array:
   """H(q_t) = -sum_a q_t(a) log q_t(a) per position (eq. 55), detached."""
-  logq_BTV = jax.lax.stop_gradient(teacher_logp_BTV)
-  finite = logq_BTV > -jnp.inf
-  safe_BTV = jnp.where(finite, logq_BTV, 0.0)
-  return -jnp.sum(jnp.where(finite, jnp.exp(safe_BTV) * safe_BTV, 0.0), axis=-1)
+  logq_BRV = jax.lax.stop_gradient(teacher_logp_BRV)
+  finite = logq_BRV > -jnp.inf
+  safe_BRV = jnp.where(finite, logq_BRV, 0.0)
+  return -jnp.sum(jnp.where(finite, jnp.exp(safe_BRV) * safe_BRV, 0.0), axis=-1)
 
 
-def confidence_weight(teacher_entropy_BT: jax.Array, *, beta: float, tau_min: float,
+def confidence_weight(teacher_entropy_BR: jax.Array, *, beta: float, tau_min: float,
                       tau_max: float) -> jax.Array:
   """tau_t = clip(exp(-beta * H(q_t)), tau_min, tau_max) (eq. 56).
 
@@ -45,8 +45,8 @@ def confidence_weight(teacher_entropy_BT: jax.Array, *, beta: float, tau_min: fl
   if not 0.0 <= tau_min <= tau_max:
     raise ValueError(f"confidence_weight: need 0 <= tau_min <= tau_max, got tau_min={tau_min}, "
                      f"tau_max={tau_max}")
-  tau_BT = jnp.clip(jnp.exp(-beta * jax.lax.stop_gradient(teacher_entropy_BT)), tau_min, tau_max)
-  return tau_BT
+  tau_BR = jnp.clip(jnp.exp(-beta * jax.lax.stop_gradient(teacher_entropy_BR)), tau_min, tau_max)
+  return tau_BR
 
 
 def _check_rlsd(eps_w: float, lam: float) -> None:
@@ -57,22 +57,22 @@ def _check_rlsd(eps_w: float, lam: float) -> None:
     raise ValueError(f"rlsd: lam={lam} is outside [0, 1] (the teacher mix weight lambda)")
 
 
-def rlsd_multiplier(adv: jax.Array, gap_BT: jax.Array, *, eps_w: float) -> jax.Array:
+def rlsd_multiplier(adv: jax.Array, gap_BR: jax.Array, *, eps_w: float) -> jax.Array:
   """u = clip(exp(sign(A) * Delta), 1 - eps_w, 1 + eps_w) (eq. 38), detached.
 
-  ``gap_BT`` is the sampled-token teacher gap Delta = log q(y) - log p(y)
+  ``gap_BR`` is the sampled-token teacher gap Delta = log q(y) - log p(y)
   (eq. 37). For A > 0, tokens the teacher likes more than the student get
   more weight; for A < 0, tokens the teacher likes less get more blame. A = 0
   gives u = 1.
   """
   _check_rlsd(eps_w, 0.0)
-  adv_BT = _adv_BT(adv, gap_BT)
-  delta_BT = jax.lax.stop_gradient(gap_BT)
-  u_BT = jnp.exp(jnp.sign(jax.lax.stop_gradient(adv_BT)) * delta_BT)
-  return jnp.clip(u_BT, 1.0 - eps_w, 1.0 + eps_w)
+  adv_BR = _adv_BR(adv, gap_BR)
+  delta_BR = jax.lax.stop_gradient(gap_BR)
+  u_BR = jnp.exp(jnp.sign(jax.lax.stop_gradient(adv_BR)) * delta_BR)
+  return jnp.clip(u_BR, 1.0 - eps_w, 1.0 + eps_w)
 
 
-def rlsd_advantage(adv: jax.Array, gap_BT: jax.Array, *, eps_w: float, lam: float) -> jax.Array:
+def rlsd_advantage(adv: jax.Array, gap_BR: jax.Array, *, eps_w: float, lam: float) -> jax.Array:
   """A_rlsd = A * [(1 - lambda) + lambda * u] (eq. 39): reward direction, teacher magnitude.
 
   Since u > 0, sign(A_rlsd) = sign(A) always; |A_rlsd| / |A| lies in
@@ -80,12 +80,12 @@ def rlsd_advantage(adv: jax.Array, gap_BT: jax.Array, *, eps_w: float, lam: floa
   token-level advantage to feed the policy loss (eq. 40).
   """
   _check_rlsd(eps_w, lam)
-  adv_BT = jax.lax.stop_gradient(_adv_BT(adv, gap_BT))
-  u_BT = rlsd_multiplier(adv, gap_BT, eps_w=eps_w)
-  return adv_BT * ((1.0 - lam) + lam * u_BT)
+  adv_BR = jax.lax.stop_gradient(_adv_BR(adv, gap_BR))
+  u_BR = rlsd_multiplier(adv, gap_BR, eps_w=eps_w)
+  return adv_BR * ((1.0 - lam) + lam * u_BR)
 
 
-def sign_gate(gap_BT: jax.Array, adv: jax.Array, *, disagree_weight: float = 0.0) -> jax.Array:
+def sign_gate(gap_BR: jax.Array, adv: jax.Array, *, disagree_weight: float = 0.0) -> jax.Array:
   """Sign-consistency gate on the teacher branch (SG-OPD, spec 000 section 6), detached.
 
   1 where the teacher gap and the reward advantage push the sampled token the
@@ -95,7 +95,7 @@ def sign_gate(gap_BT: jax.Array, adv: jax.Array, *, disagree_weight: float = 0.0
   """
   if not 0.0 <= disagree_weight <= 1.0:
     raise ValueError(f"sign_gate: disagree_weight={disagree_weight} is outside [0, 1]")
-  adv_BT = _adv_BT(adv, gap_BT)
-  agree_BT = jnp.sign(gap_BT) * jnp.sign(adv_BT) > 0
+  adv_BR = _adv_BR(adv, gap_BR)
+  agree_BR = jnp.sign(gap_BR) * jnp.sign(adv_BR) > 0
   return jax.lax.stop_gradient(
-      jnp.where(agree_BT, 1.0, disagree_weight).astype(gap_BT.dtype))
+      jnp.where(agree_BR, 1.0, disagree_weight).astype(gap_BR.dtype))

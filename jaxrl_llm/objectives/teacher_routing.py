@@ -45,7 +45,7 @@ def srpo_routes(correct_B: jax.Array, has_teacher_B: jax.Array) -> tuple[jax.Arr
   return 1.0 - z_sdpo_B, z_sdpo_B
 
 
-def srpo_loss(grpo_loss_BT: jax.Array, sdpo_loss_BT: jax.Array, mask_BT: jax.Array,
+def srpo_loss(grpo_loss_BR: jax.Array, sdpo_loss_BR: jax.Array, mask_BR: jax.Array,
               z_sdpo_B: jax.Array, *, aggregation: str = "token_mean",
               norms: BatchNorms | None = None) -> WeightedSum:
   """The routed mixture of eq. 35 as a (numerator, denominator) pair.
@@ -60,41 +60,41 @@ def srpo_loss(grpo_loss_BT: jax.Array, sdpo_loss_BT: jax.Array, mask_BT: jax.Arr
   samples to SDPO does not rescale GRPO's tokens. Other aggregation modes
   apply their lambda_it to the same routed per-token loss.
   """
-  if not grpo_loss_BT.shape == sdpo_loss_BT.shape == mask_BT.shape:
-    raise ValueError(f"srpo_loss: grpo loss {grpo_loss_BT.shape}, sdpo loss "
-                     f"{sdpo_loss_BT.shape} and mask {mask_BT.shape} must match")
-  grpo_mask_BT, sdpo_mask_BT = srpo_branch_masks(mask_BT, z_sdpo_B)
-  routed_BT = (jnp.where(grpo_mask_BT, grpo_loss_BT, 0.0)
-               + jnp.where(sdpo_mask_BT, sdpo_loss_BT, 0.0))
-  return aggregate(routed_BT, mask_BT, aggregation, norms)
+  if not grpo_loss_BR.shape == sdpo_loss_BR.shape == mask_BR.shape:
+    raise ValueError(f"srpo_loss: grpo loss {grpo_loss_BR.shape}, sdpo loss "
+                     f"{sdpo_loss_BR.shape} and mask {mask_BR.shape} must match")
+  grpo_mask_BR, sdpo_mask_BR = srpo_branch_masks(mask_BR, z_sdpo_B)
+  routed_BR = (jnp.where(grpo_mask_BR, grpo_loss_BR, 0.0)
+               + jnp.where(sdpo_mask_BR, sdpo_loss_BR, 0.0))
+  return aggregate(routed_BR, mask_BR, aggregation, norms)
 
 
-def srpo_branch_masks(mask_BT: jax.Array, z_sdpo_B: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Split the response mask by route: (grpo_mask_BT, sdpo_mask_BT), disjoint, union = mask.
+def srpo_branch_masks(mask_BR: jax.Array, z_sdpo_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Split the response mask by route: (grpo_mask_BR, sdpo_mask_BR), disjoint, union = mask.
 
   To build eq. 35 from a policy loss that aggregates internally, evaluate the
-  GRPO loss on ``grpo_mask_BT`` and the SDPO loss on ``sdpo_mask_BT`` with the
-  norms of the *full* mask (``aggregation.batch_norms(mask_BT)``) and add the
+  GRPO loss on ``grpo_mask_BR`` and the SDPO loss on ``sdpo_mask_BR`` with the
+  norms of the *full* mask (``aggregation.batch_norms(mask_BR)``) and add the
   two pairs: the shared normaliser makes the sum equal ``srpo_loss``.
   """
-  if z_sdpo_B.shape != mask_BT.shape[:1]:
-    raise ValueError(f"srpo: z_sdpo_B {z_sdpo_B.shape} must be [B]={mask_BT.shape[:1]}")
-  route_BT = jnp.broadcast_to((z_sdpo_B > 0.5)[:, None], mask_BT.shape)
-  mask = mask_BT.astype(jnp.bool_)
-  return mask & ~route_BT, mask & route_BT
+  if z_sdpo_B.shape != mask_BR.shape[:1]:
+    raise ValueError(f"srpo: z_sdpo_B {z_sdpo_B.shape} must be [B]={mask_BR.shape[:1]}")
+  route_BR = jnp.broadcast_to((z_sdpo_B > 0.5)[:, None], mask_BR.shape)
+  mask = mask_BR.astype(jnp.bool_)
+  return mask & ~route_BR, mask & route_BR
 
 
-def srpo_routed_advantage(adv: jax.Array, gap_BT: jax.Array, z_sdpo_B: jax.Array) -> jax.Array:
+def srpo_routed_advantage(adv: jax.Array, gap_BR: jax.Array, z_sdpo_B: jax.Array) -> jax.Array:
   """A_srpo = z_grpo A_i + z_sdpo Delta_it (eq. 36), detached.
 
   The spec's bookkeeping view, not SRPO's training loss (that is eq. 35,
   ``srpo_loss``): useful as a diagnostic and as a sampled-token variant.
   """
-  if z_sdpo_B.shape != gap_BT.shape[:1]:
-    raise ValueError(f"srpo_routed_advantage: z_sdpo_B {z_sdpo_B.shape} must be [B]={gap_BT.shape[:1]}")
-  adv_BT = adv if adv.shape == gap_BT.shape else jnp.broadcast_to(adv[:, None], gap_BT.shape)
-  z_BT = jnp.broadcast_to(z_sdpo_B[:, None], gap_BT.shape)
-  return jax.lax.stop_gradient((1.0 - z_BT) * adv_BT + z_BT * gap_BT)
+  if z_sdpo_B.shape != gap_BR.shape[:1]:
+    raise ValueError(f"srpo_routed_advantage: z_sdpo_B {z_sdpo_B.shape} must be [B]={gap_BR.shape[:1]}")
+  adv_BR = adv if adv.shape == gap_BR.shape else jnp.broadcast_to(adv[:, None], gap_BR.shape)
+  z_BR = jnp.broadcast_to(z_sdpo_B[:, None], gap_BR.shape)
+  return jax.lax.stop_gradient((1.0 - z_BR) * adv_BR + z_BR * gap_BR)
 
 
 def teacher_for_tasks(task_id_B: jax.Array, teacher_of_task: Sequence[int],
@@ -126,7 +126,7 @@ def select_teacher(per_teacher_NB: jax.Array, teacher_index_B: jax.Array) -> jax
   """Pick, for each sample b, row ``per_teacher_NB[teacher_index_B[b], b, ...]``.
 
   ``per_teacher_NB`` stacks any per-sample teacher output (token log-probs
-  [N, B, T], full log-probs [N, B, T, V]) along a leading teacher axis.
+  [N, B, R], full log-probs [N, B, R, V]) along a leading teacher axis.
   """
   if per_teacher_NB.ndim < 2 or per_teacher_NB.shape[1] != teacher_index_B.shape[0]:
     raise ValueError(f"select_teacher: per_teacher {per_teacher_NB.shape} must be [N, B, ...] with "

@@ -14,18 +14,18 @@ import jax.numpy as jnp
 from jaxrl_llm.objectives.aggregation import BatchNorms, WeightedSum, aggregate
 
 
-def value_loss(values_BT, old_values_BT, returns_BT, mask_BT, *, clip: float | None,
+def value_loss(values_BR, old_values_BR, returns_BR, mask_BR, *, clip: float | None,
                aggregation: str = "token_mean", norms: BatchNorms | None = None) -> WeightedSum:
   """Clipped value regression loss (to minimise)."""
-  if not (values_BT.shape == old_values_BT.shape == returns_BT.shape == mask_BT.shape):
-    raise ValueError(f"values_BT {values_BT.shape}, old_values_BT {old_values_BT.shape}, returns_BT "
-                     f"{returns_BT.shape} and mask_BT {mask_BT.shape} must share one [B, T] shape")
+  if not (values_BR.shape == old_values_BR.shape == returns_BR.shape == mask_BR.shape):
+    raise ValueError(f"values_BR {values_BR.shape}, old_values_BR {old_values_BR.shape}, returns_BR "
+                     f"{returns_BR.shape} and mask_BR {mask_BR.shape} must share one [B, R] shape")
   if clip is not None and not clip > 0:
     raise ValueError(f"clip={clip!r} is invalid: must be > 0 or None")
   sg = jax.lax.stop_gradient
-  ret, old = sg(returns_BT), sg(old_values_BT)
-  err = jnp.square(values_BT - ret)
+  ret, old = sg(returns_BR), sg(old_values_BR)
+  err = jnp.square(values_BR - ret)
   if clip is not None:
-    clipped = old + jnp.clip(values_BT - old, -clip, clip)
+    clipped = old + jnp.clip(values_BR - old, -clip, clip)
     err = jnp.maximum(err, jnp.square(clipped - ret))
-  return aggregate(jnp.where(mask_BT, 0.5 * err, 0.0), mask_BT, aggregation, norms)
+  return aggregate(jnp.where(mask_BR, 0.5 * err, 0.0), mask_BR, aggregation, norms)

@@ -116,19 +116,19 @@ def dppo_keep(rho, adv, divergence, *, delta: float):
   return ~drop
 
 
-def full_token_kl(p_logp_BTV, q_logp_BTV):
-  """Reference KL(p || q) = sum_v p_v (log p_v - log q_v) per token: [B, T].
+def full_token_kl(p_logp_BRV, q_logp_BRV):
+  """Reference KL(p || q) = sum_v p_v (log p_v - log q_v) per token: [B, R].
 
   TRM uses KL(mu(.|h) || pi_theta(.|h)): pass mu's full log-probs as p. A
   zero-probability entry of p contributes 0 (0 log 0 = 0).
   """
-  support = p_logp_BTV > -jnp.inf
-  p_safe = jnp.where(support, p_logp_BTV, 0.0)
-  q_safe = jnp.where(support, q_logp_BTV, 0.0)
+  support = p_logp_BRV > -jnp.inf
+  p_safe = jnp.where(support, p_logp_BRV, 0.0)
+  q_safe = jnp.where(support, q_logp_BRV, 0.0)
   return jnp.sum(jnp.where(support, jnp.exp(p_safe) * (p_safe - q_safe), 0.0), axis=-1)
 
 
-def trm_keep(kl_BT, mask_BT, *, max_delta: float | None, mean_delta: float | None):
+def trm_keep(kl_BR, mask_BR, *, max_delta: float | None, mean_delta: float | None):
   """TRM sequence mask (spec 002, sec. 4.7): keep answer i iff its token KLs pass.
 
   max variant : max_t KL_{i,t} <= max_delta
@@ -137,10 +137,10 @@ def trm_keep(kl_BT, mask_BT, *, max_delta: float | None, mean_delta: float | Non
   """
   if max_delta is None and mean_delta is None:
     raise ValueError("trm_keep needs max_delta or mean_delta (or both); got neither")
-  keep = jnp.ones(kl_BT.shape[:1], bool)
+  keep = jnp.ones(kl_BR.shape[:1], bool)
   if max_delta is not None:
-    keep &= jnp.max(jnp.where(mask_BT, kl_BT, -jnp.inf), axis=1) <= max_delta
+    keep &= jnp.max(jnp.where(mask_BR, kl_BR, -jnp.inf), axis=1) <= max_delta
   if mean_delta is not None:
-    n = jnp.maximum(jnp.sum(mask_BT.astype(jnp.float32), axis=1), 1.0)
-    keep &= jnp.sum(jnp.where(mask_BT, kl_BT, 0.0), axis=1) / n <= mean_delta
+    n = jnp.maximum(jnp.sum(mask_BR.astype(jnp.float32), axis=1), 1.0)
+    keep &= jnp.sum(jnp.where(mask_BR, kl_BR, 0.0), axis=1) / n <= mean_delta
   return keep

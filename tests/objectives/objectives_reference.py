@@ -38,8 +38,8 @@ def log_softmax64(z):
   return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def take(a_BTV, y_BT):
-  return np.take_along_axis(np.asarray(a_BTV), np.asarray(y_BT)[..., None], axis=-1)[..., 0]
+def take(a_BRV, y_BR):
+  return np.take_along_axis(np.asarray(a_BRV), np.asarray(y_BR)[..., None], axis=-1)[..., 0]
 
 
 def ref_lambda(mask, mode, group_size=G, max_len=None):

@@ -38,8 +38,8 @@ def test_weighted_sum_total_and_empty():
     WeightedSum.total([])
 
 
-def _per_token_loss(x_BT, adv_BT):
-  return -adv_BT * x_BT + 0.5 * jnp.square(x_BT)
+def _per_token_loss(x_BR, adv_BR):
+  return -adv_BR * x_BR + 0.5 * jnp.square(x_BR)
 
 
 @pytest.mark.parametrize("mode", AGGREGATIONS)

@@ -69,17 +69,17 @@ def test_policy_loss_bad_inputs():
   x = jnp.zeros((2, 3))
   mask = jnp.ones((2, 3), bool)
   cfg = get_preset("grpo")
-  with pytest.raises(ValueError, match=r"mask_BT has shape \(2, 4\); it must equal logp_BT's shape \(2, 3\)"):
+  with pytest.raises(ValueError, match=r"mask_BR has shape \(2, 4\); it must equal logp_BR's shape \(2, 3\)"):
     policy_loss(x, x, x, jnp.zeros(2), jnp.ones((2, 4), bool), cfg, norms=None)
-  with pytest.raises(ValueError, match=r"adv_BT has shape \(3,\); allowed shapes are \(2, 3\)"):
+  with pytest.raises(ValueError, match=r"adv_BR has shape \(3,\); allowed shapes are \(2, 3\)"):
     policy_loss(x, x, x, jnp.zeros(3), mask, cfg, norms=None)
-  with pytest.raises(ValueError, match="prox_logp_BT is None but ObjectiveConfig\\(name='grpo'\\) needs it"):
+  with pytest.raises(ValueError, match="prox_logp_BR is None but ObjectiveConfig\\(name='grpo'\\) needs it"):
     policy_loss(x, None, x, jnp.zeros(2), mask, cfg, norms=None)
-  with pytest.raises(ValueError, match="correction='trm' needs kl_BT"):
+  with pytest.raises(ValueError, match="correction='trm' needs kl_BR"):
     policy_loss(x, None, x, jnp.zeros(2), mask, get_preset("trm"), norms=None)
   with pytest.raises(ValueError, match="centering is None"):
     policy_loss(x, None, x, jnp.zeros(2), mask, get_preset("score_centering"), norms=None)
-  with pytest.raises(ValueError, match="ref_logp_BT is None"):
+  with pytest.raises(ValueError, match="ref_logp_BR is None"):
     policy_loss(x, x, x, jnp.zeros(2), mask, get_preset("grpo", kl_coef=0.04), norms=None)
   with pytest.raises(TypeError, match="norms must be a BatchNorms"):
     policy_loss(x, x, x, jnp.zeros(2), mask, cfg, norms=3)

@@ -158,18 +158,18 @@ def test_token_divergence_dispatch():
 
 
 def test_distill_loss_hand_values_and_micro_batch_exactness():
-  div_BT = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-  mask_BT = jnp.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
-  w_BT = jnp.array([[0.5, 1.0, 9.0], [2.0, 9.0, 9.0]])
-  out = distill.distill_loss(div_BT, mask_BT, weight_BT=w_BT)
+  div_BR = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+  mask_BR = jnp.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
+  w_BR = jnp.array([[0.5, 1.0, 9.0], [2.0, 9.0, 9.0]])
+  out = distill.distill_loss(div_BR, mask_BR, weight_BR=w_BR)
   # token_mean: (0.5 * 1 + 1.0 * 2 + 2.0 * 4) / 3 tokens = 10.5 / 3 = 3.5
   np.testing.assert_allclose(out.value(), 3.5, rtol=1e-6)
   # seq_mean_token_mean: ((0.5 + 2) / 2 + 8 / 1) / 2 = (1.25 + 8) / 2 = 4.625
-  out_s = distill.distill_loss(div_BT, mask_BT, aggregation="seq_mean_token_mean", weight_BT=w_BT)
+  out_s = distill.distill_loss(div_BR, mask_BR, aggregation="seq_mean_token_mean", weight_BR=w_BR)
   np.testing.assert_allclose(out_s.value(), 4.625, rtol=1e-6)
-  norms = batch_norms(mask_BT)
-  parts = [distill.distill_loss(div_BT[i:i + 1], mask_BT[i:i + 1], norms=norms, weight_BT=w_BT[i:i + 1])
+  norms = batch_norms(mask_BR)
+  parts = [distill.distill_loss(div_BR[i:i + 1], mask_BR[i:i + 1], norms=norms, weight_BR=w_BR[i:i + 1])
            for i in range(2)]
   np.testing.assert_allclose(WeightedSum.total(parts).value(), 3.5, rtol=1e-6)
-  g = jax.grad(lambda w: distill.distill_loss(div_BT, mask_BT, weight_BT=w).numerator)(w_BT)
-  np.testing.assert_array_equal(g, jnp.zeros_like(w_BT))  # trust weights are detached
+  g = jax.grad(lambda w: distill.distill_loss(div_BR, mask_BR, weight_BR=w).numerator)(w_BR)
+  np.testing.assert_array_equal(g, jnp.zeros_like(w_BR))  # trust weights are detached

@@ -125,7 +125,7 @@ def test_kl_in_loss_and_entropy_bonus_gradients():
 
   @jax.jit
   def f(lp, h):
-    return policy_loss(lp, lp, lp, adv, mask, cfg, norms=None, ref_logp_BT=ref_lp, entropy_BT=h).loss.value()
+    return policy_loss(lp, lp, lp, adv, mask, cfg, norms=None, ref_logp_BR=ref_lp, entropy_BR=h).loss.value()
 
   g_lp, g_h = jax.grad(f, argnums=(0, 1))(logp, ent)
   # On-policy r = 1 inside the clip: W = 1, so -A W / 3 from the policy term.
@@ -141,8 +141,8 @@ def test_bf16_log_probs_give_float32_weights():
   prox = (lp.astype(jnp.float32) - 0.1).astype(jnp.bfloat16)
   mw = jax.jit(master_weights, static_argnums=5)(lp, prox, prox - 1.0, jnp.ones((1, 2)), jnp.ones((1, 2), bool),
                                                  cfg)
-  assert mw.weight_BT.dtype == jnp.float32
+  assert mw.weight_BR.dtype == jnp.float32
   # c = e^1 > C = 2 -> f = 2; r = e^{0.1} inside [0.8, 1.2] (bf16 inputs, ratio in float32).
   r = np.exp(np.asarray(lp, np.float32) - np.asarray(prox, np.float32))
   assert np.all((r > 0.8) & (r < 1.2))
-  np.testing.assert_allclose(mw.weight_BT, 2 * r, rtol=1e-6)
+  np.testing.assert_allclose(mw.weight_BR, 2 * r, rtol=1e-6)

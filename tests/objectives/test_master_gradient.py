@@ -81,7 +81,7 @@ def library_grad(cfg, adv):
     logp_full = jax.nn.log_softmax(z)
     logp = jnp.take_along_axis(logp_full, b["y"][..., None], -1)[..., 0]
     cent = centering_exact(logp_full, behav_full, cfg) if cfg.needs_centering else None
-    out = policy_loss(logp, prox, behav, adv, b["mask"], cfg, norms=None, centering=cent, kl_BT=kl)
+    out = policy_loss(logp, prox, behav, adv, b["mask"], cfg, norms=None, centering=cent, kl_BR=kl)
     return out.loss.value()
 
   return jax.grad(loss)(b["z"])

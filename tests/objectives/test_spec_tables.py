@@ -112,7 +112,7 @@ def _on_policy_grad(c, wrt_logits: bool):
   def loss_lp(logp, cent=None):
     same = jax.lax.stop_gradient(logp)
     return policy_loss(logp, same, same, b["adv"], b["mask"], c, norms=None, centering=cent,
-                       kl_BT=kl).loss.value()
+                       kl_BR=kl).loss.value()
 
   if not wrt_logits:
     return np.asarray(jax.grad(loss_lp)(jnp.take_along_axis(jax.nn.log_softmax(b["z"]), y, -1)[..., 0]))

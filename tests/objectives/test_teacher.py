@@ -14,48 +14,48 @@ from jaxrl_llm.objectives.teacher_schedule import TeacherSchedule, teacher_param
 def test_rlsd_hand_computed_cases():
   # Rows: A = +1, +1, -2, -2, 0; one token each with gap Delta.
   adv_B = jnp.array([1.0, 1.0, -2.0, -2.0, 0.0])
-  gap_BT = jnp.array([[0.5], [-0.1], [0.1], [-0.5], [0.3]])
-  u = teacher.rlsd_multiplier(adv_B, gap_BT, eps_w=0.2)
+  gap_BR = jnp.array([[0.5], [-0.1], [0.1], [-0.5], [0.3]])
+  u = teacher.rlsd_multiplier(adv_B, gap_BR, eps_w=0.2)
   # exp(+0.5) = 1.6487 -> clipped to 1.2; exp(-0.1) = 0.904837 inside [0.8, 1.2];
   # A < 0 flips the sign: exp(-0.1) = 0.904837; exp(+0.5) -> 1.2; A = 0: exp(0) = 1.
   np.testing.assert_allclose(u[:, 0], [1.2, math.exp(-0.1), math.exp(-0.1), 1.2, 1.0], rtol=1e-6)
-  a = teacher.rlsd_advantage(adv_B, gap_BT, eps_w=0.2, lam=0.5)
+  a = teacher.rlsd_advantage(adv_B, gap_BR, eps_w=0.2, lam=0.5)
   # A * (0.5 + 0.5 u): 1 * 1.1; 1 * 0.952419; -2 * 0.952419; -2 * 1.1; 0.
   want = [1.1, 0.5 + 0.5 * math.exp(-0.1), -2 * (0.5 + 0.5 * math.exp(-0.1)), -2.2, 0.0]
   np.testing.assert_allclose(a[:, 0], want, rtol=1e-6)
   # lambda = 0 is GRPO; lambda = 1 is the bare multiplier.
-  np.testing.assert_allclose(teacher.rlsd_advantage(adv_B, gap_BT, eps_w=0.2, lam=0.0)[:, 0], adv_B)
-  np.testing.assert_allclose(teacher.rlsd_advantage(adv_B, gap_BT, eps_w=0.2, lam=1.0),
+  np.testing.assert_allclose(teacher.rlsd_advantage(adv_B, gap_BR, eps_w=0.2, lam=0.0)[:, 0], adv_B)
+  np.testing.assert_allclose(teacher.rlsd_advantage(adv_B, gap_BR, eps_w=0.2, lam=1.0),
                              adv_B[:, None] * u, rtol=1e-6)
 
 
 def test_rlsd_keeps_the_reward_sign_and_bounds_the_magnitude():
   adv_B = jax.random.normal(jax.random.key(0), (64,))
-  gap_BT = 3.0 * jax.random.normal(jax.random.key(1), (64, 5))
+  gap_BR = 3.0 * jax.random.normal(jax.random.key(1), (64, 5))
   eps_w, lam = 0.3, 0.7
-  a = teacher.rlsd_advantage(adv_B, gap_BT, eps_w=eps_w, lam=lam)
-  adv_BT = jnp.broadcast_to(adv_B[:, None], a.shape)
-  np.testing.assert_array_equal(jnp.sign(a), jnp.sign(adv_BT))
-  ratio = a / adv_BT
+  a = teacher.rlsd_advantage(adv_B, gap_BR, eps_w=eps_w, lam=lam)
+  adv_BR = jnp.broadcast_to(adv_B[:, None], a.shape)
+  np.testing.assert_array_equal(jnp.sign(a), jnp.sign(adv_BR))
+  ratio = a / adv_BR
   assert float(jnp.min(ratio)) >= 1 - lam * eps_w - 1e-6
   assert float(jnp.max(ratio)) <= 1 + lam * eps_w + 1e-6
   # Both ends of the clip are hit with such large gaps.
   assert float(jnp.min(ratio)) < 1 - lam * eps_w + 1e-5 and float(jnp.max(ratio)) > 1 + lam * eps_w - 1e-5
   # The multiplier is detached: no gradient into the gap (the teacher) or the advantage.
   g_gap, g_adv = jax.grad(lambda g, ad: jnp.sum(teacher.rlsd_advantage(ad, g, eps_w=eps_w, lam=lam)),
-                          argnums=(0, 1))(gap_BT, adv_B)
+                          argnums=(0, 1))(gap_BR, adv_B)
   np.testing.assert_array_equal(g_gap, 0.0)
   np.testing.assert_array_equal(g_adv, 0.0)
 
 
 def test_rlsd_bad_input():
-  adv_B, gap_BT = jnp.ones(2), jnp.zeros((2, 3))
+  adv_B, gap_BR = jnp.ones(2), jnp.zeros((2, 3))
   with pytest.raises(ValueError, match=r"eps_w=1.0 is outside \[0, 1\)"):
-    teacher.rlsd_advantage(adv_B, gap_BT, eps_w=1.0, lam=0.5)
+    teacher.rlsd_advantage(adv_B, gap_BR, eps_w=1.0, lam=0.5)
   with pytest.raises(ValueError, match=r"lam=1.5 is outside \[0, 1\]"):
-    teacher.rlsd_advantage(adv_B, gap_BT, eps_w=0.2, lam=1.5)
+    teacher.rlsd_advantage(adv_B, gap_BR, eps_w=0.2, lam=1.5)
   with pytest.raises(ValueError, match=r"adv has shape \(3,\)"):
-    teacher.rlsd_advantage(jnp.ones(3), gap_BT, eps_w=0.2, lam=0.5)
+    teacher.rlsd_advantage(jnp.ones(3), gap_BR, eps_w=0.2, lam=0.5)
 
 
 def test_teacher_entropy_and_confidence_weight():
@@ -77,14 +77,14 @@ def test_teacher_entropy_and_confidence_weight():
 
 
 def test_sign_gate_hand_cases():
-  gap_BT = jnp.array([[0.4, -0.2, 0.0], [0.4, -0.2, 0.1], [0.3, -0.3, 0.2]])
+  gap_BR = jnp.array([[0.4, -0.2, 0.0], [0.4, -0.2, 0.1], [0.3, -0.3, 0.2]])
   adv_B = jnp.array([1.0, -1.0, 0.0])
-  np.testing.assert_array_equal(teacher.sign_gate(gap_BT, adv_B),
+  np.testing.assert_array_equal(teacher.sign_gate(gap_BR, adv_B),
                                 [[1, 0, 0], [0, 1, 0], [0, 0, 0]])
-  np.testing.assert_allclose(teacher.sign_gate(gap_BT, adv_B, disagree_weight=0.25),
+  np.testing.assert_allclose(teacher.sign_gate(gap_BR, adv_B, disagree_weight=0.25),
                              [[1, 0.25, 0.25], [0.25, 1, 0.25], [0.25, 0.25, 0.25]])
   with pytest.raises(ValueError, match="disagree_weight=2"):
-    teacher.sign_gate(gap_BT, adv_B, disagree_weight=2.0)
+    teacher.sign_gate(gap_BR, adv_B, disagree_weight=2.0)
 
 
 def _run_schedule(schedule, steps=7, jit=False):

@@ -14,9 +14,9 @@ from jaxrl_llm.objectives.teacher_routing import (select_teacher, srpo_branch_ma
 
 CORRECT_B = jnp.array([1, 0, 0, 1])
 HAS_TEACHER_B = jnp.array([1, 1, 0, 0])
-MASK_BT = jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=bool)
-GRPO_BT = jnp.array([[1.0, 2.0, 99.0], [3.0, 4.0, 5.0], [6.0, 99.0, 99.0], [7.0, 8.0, 99.0]])
-SDPO_BT = jnp.array([[0.1, 0.2, 99.0], [0.3, 0.4, 0.5], [0.6, 99.0, 99.0], [0.7, 0.8, 99.0]])
+MASK_BR = jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=bool)
+GRPO_BR = jnp.array([[1.0, 2.0, 99.0], [3.0, 4.0, 5.0], [6.0, 99.0, 99.0], [7.0, 8.0, 99.0]])
+SDPO_BR = jnp.array([[0.1, 0.2, 99.0], [0.3, 0.4, 0.5], [0.6, 99.0, 99.0], [0.7, 0.8, 99.0]])
 
 
 def test_srpo_routes_hand_case():
@@ -28,7 +28,7 @@ def test_srpo_routes_hand_case():
 
 def test_srpo_routed_normalisation_hand_case():
   _, z_sdpo = srpo_routes(CORRECT_B, HAS_TEACHER_B)
-  out = srpo_loss(GRPO_BT, SDPO_BT, MASK_BT, z_sdpo)
+  out = srpo_loss(GRPO_BR, SDPO_BR, MASK_BR, z_sdpo)
   # Row 1 (failed, has teacher) takes SDPO: 0.3 + 0.4 + 0.5 = 1.2.
   # Rows 0, 2, 3 take GRPO: (1 + 2) + 6 + (7 + 8) = 24. Tokens: 2 + 3 + 1 + 2 = 8.
   # Eq. 35: (24 + 1.2) / 8 = 3.15; denominator share 1 (one batch).
@@ -37,24 +37,24 @@ def test_srpo_routed_normalisation_hand_case():
   np.testing.assert_allclose(out.value(), 3.15, rtol=1e-6)
   # All correct: pure GRPO token mean (1+2+3+4+5+6+7+8) / 8 = 4.5.
   _, z_none = srpo_routes(jnp.ones(4, jnp.int32), HAS_TEACHER_B)
-  np.testing.assert_allclose(srpo_loss(GRPO_BT, SDPO_BT, MASK_BT, z_none).value(), 4.5, rtol=1e-6)
+  np.testing.assert_allclose(srpo_loss(GRPO_BR, SDPO_BR, MASK_BR, z_none).value(), 4.5, rtol=1e-6)
 
 
 def test_srpo_branch_masks_with_the_policy_loss_equal_the_routed_loss():
   """Eq. 35 via the master-equation policy loss evaluated on each branch's mask."""
   _, z_sdpo = srpo_routes(CORRECT_B, HAS_TEACHER_B)
-  grpo_mask, sdpo_mask = srpo_branch_masks(MASK_BT, z_sdpo)
-  np.testing.assert_array_equal(grpo_mask | sdpo_mask, MASK_BT)
+  grpo_mask, sdpo_mask = srpo_branch_masks(MASK_BR, z_sdpo)
+  np.testing.assert_array_equal(grpo_mask | sdpo_mask, MASK_BR)
   assert not bool(jnp.any(grpo_mask & sdpo_mask))
-  logp_BT = -jnp.abs(jax.random.normal(jax.random.key(0), MASK_BT.shape))
+  logp_BR = -jnp.abs(jax.random.normal(jax.random.key(0), MASK_BR.shape))
   adv_B = jnp.array([1.0, -0.5, 2.0, -1.0])
   cfg = ObjectiveConfig(aggregation="token_mean")
-  norms = batch_norms(MASK_BT)
-  grpo_part = policy_loss(logp_BT, None, logp_BT, adv_B, grpo_mask, cfg, norms=norms).loss
-  sdpo_part = WeightedSum(jnp.sum(jnp.where(sdpo_mask, SDPO_BT, 0.0)) / 8.0, jnp.float32(3 / 8))
+  norms = batch_norms(MASK_BR)
+  grpo_part = policy_loss(logp_BR, None, logp_BR, adv_B, grpo_mask, cfg, norms=norms).loss
+  sdpo_part = WeightedSum(jnp.sum(jnp.where(sdpo_mask, SDPO_BR, 0.0)) / 8.0, jnp.float32(3 / 8))
   # On-policy REINFORCE: the per-token loss value is -A.
-  per_token_grpo = -jnp.broadcast_to(adv_B[:, None], MASK_BT.shape)
-  want = srpo_loss(per_token_grpo, SDPO_BT, MASK_BT, z_sdpo)
+  per_token_grpo = -jnp.broadcast_to(adv_B[:, None], MASK_BR.shape)
+  want = srpo_loss(per_token_grpo, SDPO_BR, MASK_BR, z_sdpo)
   got = grpo_part + sdpo_part
   np.testing.assert_allclose(got.value(), want.value(), rtol=1e-6)
   np.testing.assert_allclose(got.denominator, 1.0, rtol=1e-6)
@@ -62,14 +62,14 @@ def test_srpo_branch_masks_with_the_policy_loss_equal_the_routed_loss():
 
 def test_srpo_routed_advantage_and_bad_input():
   _, z_sdpo = srpo_routes(CORRECT_B, HAS_TEACHER_B)
-  gap_BT = jnp.full(MASK_BT.shape, -0.25)
+  gap_BR = jnp.full(MASK_BR.shape, -0.25)
   adv_B = jnp.array([1.0, -0.5, 2.0, -1.0])
-  a = srpo_routed_advantage(adv_B, gap_BT, z_sdpo)
+  a = srpo_routed_advantage(adv_B, gap_BR, z_sdpo)
   np.testing.assert_allclose(a, [[1.0] * 3, [-0.25] * 3, [2.0] * 3, [-1.0] * 3])  # eq. 36
   with pytest.raises(ValueError, match=r"correct_B must be 0/1.*\[0, 1, 2\]"):
     srpo_routes(jnp.array([0, 1, 2, 1]), HAS_TEACHER_B)
   with pytest.raises(ValueError, match="must match"):
-    srpo_loss(GRPO_BT[:, :2], SDPO_BT, MASK_BT, z_sdpo)
+    srpo_loss(GRPO_BR[:, :2], SDPO_BR, MASK_BR, z_sdpo)
 
 
 def test_multi_teacher_routing_by_task_tag():
