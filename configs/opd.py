@@ -11,11 +11,7 @@ switches to the sampled-token advantage form log q(y) - log p(y) (eq. 33);
 saved teacher (same tokenizer).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
-from base import get_config as _base  # noqa: E402
+from jaxrl_llm.training.defaults import get_config as _base
 
 
 def get_config():

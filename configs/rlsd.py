@@ -6,11 +6,7 @@ decides the sign; the teacher (the self-teacher with the answer as a hint,
 as in configs/sdpo.py) only scales tokens inside it. The policy loss is GRPO's.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
-from base import get_config as _base  # noqa: E402
+from jaxrl_llm.training.defaults import get_config as _base
 
 
 def get_config():

@@ -9,11 +9,7 @@ teacher's weights follow `teacher.schedule` (refreshed every
 `teacher.refresh_every` steps: it moves only after the student consolidated).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
-from base import get_config as _base  # noqa: E402
+from jaxrl_llm.training.defaults import get_config as _base
 
 
 def get_config():

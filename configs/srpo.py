@@ -6,11 +6,7 @@ sample takes GRPO's; both branches share one token normaliser
 (objective.aggregation = token_mean, eq. 35).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
-from base import get_config as _base  # noqa: E402
+from jaxrl_llm.training.defaults import get_config as _base
 
 
 def get_config():

@@ -1,10 +1,6 @@
-"""token_tis: the `token_tis` preset of jaxrl_llm.objectives on the shared base."""
+"""token_tis: the `token_tis` preset of jaxrl_llm.objectives on the shared base (jaxrl_llm/training/defaults.py)."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # configs/ holds the shared base
-from base import get_config as _base  # noqa: E402
+from jaxrl_llm.training.defaults import get_config as _base
 
 
 def get_config():

@@ -21,7 +21,8 @@ import sys
 import jax
 
 from jaxrl_llm.model import param_shapes
-from jaxrl_llm.model.config import DTYPES, ModelConfig
+from jaxrl_llm.checks import DTYPES
+from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.hf_io import copy_tokenizer_files, load_hf, read_hf_config, save_hf
 
 PARAMS_KEY = "params"

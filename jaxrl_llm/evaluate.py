@@ -98,11 +98,8 @@ def summarize(o: EvalOutcomes, ks: tuple[int, ...] = ()) -> dict[str, float]:
 #
 # The run's own resolved config (<workdir>/config.json) is used unless
 # --config is given. Greedy decoding follows the trainer's end-of-run eval
-# (training/evaluation.py: same batches, padding and key), so pass@1_greedy of
+# (training/evaluation.py's Evaluator: same batches, padding and key), so pass@1_greedy of
 # the final step equals the eval_accuracy_end it logged.
-
-SAMPLE_KEY_SEED = 1  # PRNG seed of the sampled answers (greedy needs none)
-
 
 def load_run_config(workdir: str, config_override=None):
   """The RunConfig: from a --config ConfigDict, else the workdir's config.json."""
@@ -119,61 +116,6 @@ def load_run_config(workdir: str, config_override=None):
         "or pass --config=configs/<method>.py")
   with open(path) as f:
     return from_config_dict(json.load(f))
-
-
-def greedy_outcomes(trainer, params, examples, batch_size: int = 256):
-  """Per-example greedy outcomes, batched exactly as training/evaluation.py does."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from jaxrl_llm.training.data import encode_prompts  # pylint: disable=import-outside-toplevel
-  from jaxrl_llm.training.rollout import sample, sampling_config  # pylint: disable=import-outside-toplevel
-  cfg = trainer.cfg
-  scfg = sampling_config(cfg.rollout, trainer.tokenizer, greedy=True)
-  bs = min(batch_size, len(examples))
-  bs = -(-bs // trainer.eval_pad) * trainer.eval_pad
-  cols = {"correct": [], "reward": [], "length": [], "truncated": []}
-  for s in range(0, len(examples), bs):
-    chunk = list(examples[s:s + bs])
-    n_real = len(chunk)
-    chunk += [chunk[-1]] * (bs - n_real)
-    pb = encode_prompts(trainer.tokenizer, chunk, cfg.data.max_prompt_len, cfg.data.chat_template)
-    smp = sample(params, trainer.model_cfg, pb, scfg, jax.random.key(0), trainer.tokenizer,
-                 trainer.batch_sharding)
-    rb = trainer.runner(smp.prompts[:n_real], smp.responses[:n_real], smp.answers[:n_real])
-    cols["correct"].append(rb.correct_B)
-    cols["reward"].append(rb.reward_B)
-    cols["length"].append(smp.length_B[:n_real])
-    cols["truncated"].append(smp.truncated_B[:n_real])
-  c = {k: np.concatenate(v) for k, v in cols.items()}
-  # correct_B is the verifier's score in [0, 1]; the trainer's accuracy is its mean.
-  return c["correct"], c["reward"], c["length"], c["truncated"]
-
-
-def sampled_correct(trainer, params, examples, n_samples: int, batch_prompts: int = 64):
-  """[P, n_samples] verifier scores of sampled answers (the run's temperature, top-k, top-p)."""
-  import dataclasses as dc  # pylint: disable=import-outside-toplevel
-
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from jaxrl_llm.training.data import encode_prompts  # pylint: disable=import-outside-toplevel
-  from jaxrl_llm.training.rollout import sample, sampling_config  # pylint: disable=import-outside-toplevel
-  cfg = trainer.cfg
-  scfg = dc.replace(sampling_config(cfg.rollout, trainer.tokenizer), n_samples=n_samples,
-                    record_topk=0)
-  bs = -(-min(batch_prompts, len(examples)) // trainer.eval_pad) * trainer.eval_pad
-  key = jax.random.key(SAMPLE_KEY_SEED)
-  rows = []
-  for i, s in enumerate(range(0, len(examples), bs)):
-    chunk = list(examples[s:s + bs])
-    n_real = len(chunk)
-    chunk += [chunk[-1]] * (bs - n_real)
-    pb = encode_prompts(trainer.tokenizer, chunk, cfg.data.max_prompt_len, cfg.data.chat_template)
-    smp = sample(params, trainer.model_cfg, pb, scfg, jax.random.fold_in(key, i),
-                 trainer.tokenizer, trainer.batch_sharding)
-    keep = n_real * n_samples
-    rb = trainer.runner(smp.prompts[:keep], smp.responses[:keep], smp.answers[:keep])
-    rows.append(rb.correct_B.reshape(n_real, n_samples))
-  return np.concatenate(rows)
 
 
 def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path: str = "",
@@ -201,8 +143,8 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
   out = {}
   for step in todo:
     found, params = mngr.restore_subtree("params", target, step)
-    correct, reward, length, truncated = greedy_outcomes(trainer, params, examples)
-    sampled = sampled_correct(trainer, params, examples, n_samples) if n_samples else None
+    correct, reward, length, truncated = trainer.evaluator.greedy_outcomes(params, examples)
+    sampled = trainer.evaluator.sampled_correct(params, examples, n_samples) if n_samples else None
     out[found] = summarize(EvalOutcomes(correct, reward, length, truncated, sampled), ks)
     log(f"step {found}: " + ", ".join(f"{k} {v:.4g}" for k, v in out[found].items()))
   trainer.runner.close()

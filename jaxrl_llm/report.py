@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxrl_llm.checkpointing.metrics_log import METRICS_FILE, read_metrics
+from jaxrl_llm.training.metrics import METRICS_FILE, read_metrics
 
 REPORT_FILE = "report.png"
 

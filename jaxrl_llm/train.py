@@ -29,13 +29,14 @@ def main(argv):
   # Orbax logs every checkpoint step at INFO; keep the console for the progress bar.
   logging.set_verbosity(logging.WARNING)
   from jaxrl_llm.training.config import from_config_dict
+  from jaxrl_llm.training.extensions import extensions_for
   from jaxrl_llm.training.loop import Trainer
-  from jaxrl_llm.training.teacher_config import teacher_preflight
 
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/<method>.py is required")
   cfg = from_config_dict(_CONFIG.value)
-  teacher_preflight(cfg)  # teacher paths, vocabulary and topk, before any model is built
+  for ext in extensions_for(cfg):  # e.g. teacher paths, vocabulary and topk, before any model is built
+    ext.preflight(cfg)
   workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.method)
   print(f"method {cfg.method} -> {workdir}")
   summary = Trainer(cfg, workdir).run()

@@ -12,13 +12,13 @@ from jaxrl_llm.kernels.token_logprobs import (TokenLogprobs, gather_logprobs,
                                               token_logprobs_reference)
 from jaxrl_llm.kernels.vocab_cross import (VocabCross, vocab_cross,
                                            vocab_cross_reference)
-from jaxrl_llm.kernels.vocab_cross_topk import (TAILS, vocab_cross_topk,
+from jaxrl_llm.kernels.vocab_cross_topk import (CROSS_TOPK_TAILS, vocab_cross_topk,
                                                 vocab_cross_topk_reference)
 from jaxrl_llm.kernels.vocab_topk import (VocabTopK, vocab_topk,
                                           vocab_topk_reference)
 
 __all__ = [
-    "IMPLS", "TAILS", "TokenLogprobs", "VocabCross", "VocabTiles", "VocabTopK",
+    "IMPLS", "CROSS_TOPK_TAILS", "TokenLogprobs", "VocabCross", "VocabTiles", "VocabTopK",
     "gather_logprobs", "gather_logprobs_reference", "resolve_impl",
     "token_logprobs", "token_logprobs_reference", "vocab_cross",
     "vocab_cross_reference", "vocab_cross_topk", "vocab_cross_topk_reference",

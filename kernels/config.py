@@ -22,7 +22,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.checks import check_choice
+
 IMPLS = ("auto", "pallas", "xla_chunked", "naive")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelsConfig:
+  """The run config's `kernels` section: which implementation the trainer's vocabulary ops use."""
+
+  impl: str
+
+  def __post_init__(self):
+    check_choice("config.kernels.impl", self.impl, IMPLS)
 
 # Masked vocabulary columns get this logit instead of -inf, so that products
 # like exp(z - m) * z stay 0 instead of becoming NaN.

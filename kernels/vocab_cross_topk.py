@@ -39,14 +39,14 @@ from jaxrl_llm.kernels.token_logprobs import (full_logits_reference,
                                               gather_logprobs)
 from jaxrl_llm.kernels.vocab_cross import VocabCross, apply_mask
 
-TAILS = ("rescale", "renormalize")
+CROSS_TOPK_TAILS = ("rescale", "renormalize")
 _sg = jax.lax.stop_gradient
 
 
 def _check(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N):
   n, _, v = check_hidden_w(hidden_ND, w_DV)
-  if tail not in TAILS:
-    raise ValueError(f"tail={tail!r}: must be one of {TAILS}")
+  if tail not in CROSS_TOPK_TAILS:
+    raise ValueError(f"tail={tail!r}: must be one of {CROSS_TOPK_TAILS}")
   if not (isinstance(tail_tol, float) and 0.0 < tail_tol < 1.0):
     raise ValueError(f"tail_tol={tail_tol!r}: must be a float in (0, 1)")
   mask_N = check_mask(mask_N, n)

@@ -14,7 +14,7 @@ import transformers
 from safetensors.numpy import load_file
 
 from jaxrl_llm import convert
-from jaxrl_llm.checkpointing.init import init_params as init_from_checkpoint
+from jaxrl_llm.checkpointing.init import params_from_checkpoint as init_from_checkpoint
 from jaxrl_llm.model import init_params
 from jaxrl_llm.model.hf_io import load_hf
 

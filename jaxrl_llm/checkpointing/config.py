@@ -2,10 +2,12 @@
 
 import dataclasses
 
+from jaxrl_llm.checks import bad, check_bool, check_choice, check_int
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-  """Validated checkpoint settings (`config.checkpoint.*` in configs/base.py).
+  """Validated checkpoint settings (`config.checkpoint.*`; the run config's section is built from these defaults).
 
   Attributes:
     every_steps: save every this many RL steps (0: only at the end of the run).
@@ -25,21 +27,11 @@ class CheckpointConfig:
   async_save: bool = True
 
   def __post_init__(self):
-    if not isinstance(self.every_steps, int) or self.every_steps < 0:
-      raise ValueError(
-          f"checkpoint.every_steps = {self.every_steps!r}: expected an integer >= 0"
-          " (0 saves only at the end)")
-    if not isinstance(self.keep_last, int) or self.keep_last < 1:
-      raise ValueError(
-          f"checkpoint.keep_last = {self.keep_last!r}: expected an integer >= 1"
-          " (the latest checkpoint is needed to resume)")
-    if not isinstance(self.keep_best, int) or self.keep_best < 0:
-      raise ValueError(
-          f"checkpoint.keep_best = {self.keep_best!r}: expected an integer >= 0")
-    if self.best_mode not in ("max", "min"):
-      raise ValueError(
-          f"checkpoint.best_mode = {self.best_mode!r}: expected 'max' or 'min'")
+    check_int("config.checkpoint.every_steps", self.every_steps, 0)  # 0 saves only at the end
+    check_int("config.checkpoint.keep_last", self.keep_last, 1)  # the latest checkpoint is needed to resume
+    check_int("config.checkpoint.keep_best", self.keep_best, 0)
+    check_choice("config.checkpoint.best_mode", self.best_mode, ("max", "min"))
+    check_bool("config.checkpoint.async_save", self.async_save)
     if self.keep_best and not self.best_metric:
-      raise ValueError(
-          "checkpoint.best_metric is empty: expected a metrics key when "
-          f"checkpoint.keep_best = {self.keep_best}")
+      raise bad("config.checkpoint.best_metric", self.best_metric,
+                f"expected a metrics key when checkpoint.keep_best = {self.keep_best}")

@@ -44,7 +44,7 @@ def _compare(expected: dict, found: dict, where: str) -> None:
     raise IncompatibleCheckpointError(f"{where} holds another model: " + "; ".join(diffs))
 
 
-def init_params(path: str, target_params: Any, model_config: Any, *,
+def params_from_checkpoint(path: str, target_params: Any, model_config: Any, *,
                 step: int | None = None, params_key: str = "params") -> tuple[Any, str]:
   """(params, description of the source) for `--config.init_checkpoint=path`.
 

@@ -2,20 +2,21 @@
 
 `RunCheckpoints` is what the trainer's loop talks to (training/loop.py):
   * `resume_step()`: the newest saved step in <workdir>/checkpoints, or None;
-  * `restore(trainer, state)`: the saved TrainState (params, optimizer state,
-    value head, reference params, the sampler-lag buffer, PRNG key, step) in
-    place of `state`, the prompt pipeline put back at its saved position, and
-    the run-level JSON saved beside it (start eval, SFT info, step history);
-  * `hook(trainer, state, metrics)`: after every RL step, saves every
+  * `add_trees(trees)`: pytrees outside the TrainState that a resume needs;
+  * `restore(state, restore_data_state)`: the saved TrainState (params,
+    optimizer state, value head, reference params, the sampler-lag buffer,
+    PRNG key, step) in place of `state`, the data iterator's saved position
+    handed to `restore_data_state`, and the run-level JSON saved beside it
+    (start eval, SFT info, step history);
+  * `on_step(state, metrics)`: after every RL step, saves every
     `checkpoint.every_steps` steps;
-  * `finish(trainer, state)`: saves the final step and waits for the writes;
-  * `init_params(trainer, state)`: `init_checkpoint` for a new run.
+  * `finish(state)`: saves the final step and waits for the writes;
+  * `init_params(state, path, step)`: `init_checkpoint` for a new run.
 
 Pytrees a resume needs that live outside the TrainState (a moving
-self-teacher's weights, say) ride along through `trainer.checkpoint_trees`,
-a dict name -> `ExtraTree`: each is saved beside the state's fields under its
-name and handed back to its `set` on restore. `restore` and `hook` read the
-dict from the trainer they are given; `finish` uses the last one read.
+self-teacher's weights, say) come through `add_trees`, a dict name ->
+`ExtraTree` (an extension's `checkpoint_trees()`): each is saved beside the
+state's fields under its name and handed back to its `set` on restore.
 """
 
 import dataclasses
@@ -82,9 +83,12 @@ class RunCheckpoints:
     self.extra: dict = {}
     self.extra_trees: dict[str, ExtraTree] = {}
 
-  def _bind(self, trainer) -> None:
-    """Takes the trainer's `checkpoint_trees` (none: {})."""
-    self.extra_trees = dict(getattr(trainer, "checkpoint_trees", None) or {})
+  def add_trees(self, trees: dict[str, ExtraTree]) -> None:
+    """Saves `trees` with every checkpoint and restores them on resume."""
+    clash = sorted(set(self.extra_trees) & set(trees))
+    if clash:
+      raise ValueError(f"checkpoint trees {clash} are registered twice")
+    self.extra_trees.update(trees)
 
   def _tree(self, state) -> dict:
     tree = state_tree(state)
@@ -98,14 +102,13 @@ class RunCheckpoints:
 
   def init_params(self, state, path: str, step: int | None):
     """`state` with its params read from `path` (a run's workdir or a HF directory)."""
-    from jaxrl_llm.checkpointing.init import init_params  # pylint: disable=import-outside-toplevel
-    params, source = init_params(path, state.params, self.model_config, step=step)
+    from jaxrl_llm.checkpointing.init import params_from_checkpoint  # pylint: disable=import-outside-toplevel
+    params, source = params_from_checkpoint(path, state.params, self.model_config, step=step)
     self.log(f"init_checkpoint: params from {source}")
     return state.replace(params=params)
 
-  def restore(self, trainer, state):
-    """(restored state, saved extra JSON); the trainer's pipeline is repositioned."""
-    self._bind(trainer)
+  def restore(self, state, restore_data_state: Callable[[dict], None]):
+    """(restored state, saved extra JSON); `restore_data_state` gets the data iterator's saved position."""
     r = self.mngr.restore(self._tree(state))
     for step, why in r.skipped:
       self.log(f"checkpoint step {step} is damaged ({why}); used step {r.step} instead")
@@ -113,7 +116,7 @@ class RunCheckpoints:
     for name, t in self.extra_trees.items():
       t.set(fields.pop(name))
     state = state.replace(**fields, data_state=r.data_state)
-    trainer.pipeline.set_state(r.data_state)
+    restore_data_state(r.data_state)
     self.extra = dict(r.meta.get("extra") or {})
     self.log(f"resumed from checkpoint step {r.step} in {self.mngr.directory}")
     return state, self.extra
@@ -123,9 +126,8 @@ class RunCheckpoints:
                    config=self.run_config, extra=self.extra,
                    metrics=None if metrics is None else json_row(metrics))
 
-  def hook(self, trainer, state, metrics: dict) -> None:
-    """Trainer step hook: records the step's metrics, saves when due."""
-    self._bind(trainer)
+  def on_step(self, state, metrics: dict) -> None:
+    """After an RL step: records the step's metrics, saves when due."""
     self.extra.setdefault("history", []).append(json_row(metrics))
     if self.mngr.should_save(int(state.step)):
       self.save(state, metrics)

@@ -11,13 +11,13 @@ jax.grad see exactly the arrays, with no module state to split and merge.
 """
 
 from jaxrl_llm.model.cache import KVCache, init_cache
-from jaxrl_llm.model.config import PRESETS, ModelConfig, RopeScaling
+from jaxrl_llm.model.config import MODEL_PRESETS, ModelConfig, RopeScaling
 from jaxrl_llm.model.params import check_params, init_params, param_axes, param_shapes
 from jaxrl_llm.model.transformer import (embed, forward, forward_embeddings, lm_head, logits,
                                          unstack_layers)
 
 __all__ = [
-    "KVCache", "ModelConfig", "PRESETS", "RopeScaling", "check_params", "embed", "forward",
+    "KVCache", "MODEL_PRESETS", "ModelConfig", "RopeScaling", "check_params", "embed", "forward",
     "forward_embeddings", "init_cache", "init_params", "lm_head", "logits", "param_axes",
     "param_shapes", "unstack_layers",
 ]

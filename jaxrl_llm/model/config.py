@@ -8,31 +8,13 @@ frozen dataclass.
 from __future__ import annotations
 
 import dataclasses
-import math
-
 import jax.numpy as jnp
 
-DTYPES = ("float32", "bfloat16", "float16")
+from jaxrl_llm.checks import DTYPES, bad, check_choice, check_float, check_int
+
 REMAT_POLICIES = ("none", "full", "save_dots")
 FAMILIES = ("llama", "qwen2", "qwen3")
 ROPE_KINDS = ("linear", "llama3")
-
-
-def _require_positive_int(owner: str, name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
-
-
-def _require_positive_float(owner: str, name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise TypeError(f"{owner}.{name} must be a number, got {value!r}")
-  if not math.isfinite(value) or value <= 0:
-    raise ValueError(f"{owner}.{name} must be finite and > 0, got {value!r}")
-
-
-def _require_choice(owner: str, name: str, value, allowed) -> None:
-  if value not in allowed:
-    raise ValueError(f"{owner}.{name} must be one of {allowed}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +35,11 @@ class RopeScaling:
   original_max_position: int = 8192
 
   def __post_init__(self):
-    _require_choice("RopeScaling", "kind", self.kind, ROPE_KINDS)
-    _require_positive_float("RopeScaling", "factor", self.factor)
-    _require_positive_float("RopeScaling", "low_freq_factor", self.low_freq_factor)
-    _require_positive_float("RopeScaling", "high_freq_factor", self.high_freq_factor)
-    _require_positive_int("RopeScaling", "original_max_position", self.original_max_position)
+    check_choice("RopeScaling.kind", self.kind, ROPE_KINDS)
+    check_float("RopeScaling.factor", self.factor, 0.0, low_open=True)
+    check_float("RopeScaling.low_freq_factor", self.low_freq_factor, 0.0, low_open=True)
+    check_float("RopeScaling.high_freq_factor", self.high_freq_factor, 0.0, low_open=True)
+    check_int("RopeScaling.original_max_position", self.original_max_position, 1)
     if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
       raise ValueError(
           "RopeScaling.high_freq_factor must be > low_freq_factor for kind='llama3', got "
@@ -113,26 +95,26 @@ class ModelConfig:
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                  "head_dim", "d_ff", "max_position"):
-      _require_positive_int("ModelConfig", name, getattr(self, name))
+      check_int(f"ModelConfig.{name}", getattr(self, name), 1)
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
           f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
           f"({self.n_kv_heads}) for grouped-query attention")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
-    _require_positive_float("ModelConfig", "rope_theta", self.rope_theta)
-    _require_positive_float("ModelConfig", "norm_eps", self.norm_eps)
-    _require_positive_float("ModelConfig", "init_std", self.init_std)
+    check_float("ModelConfig.rope_theta", self.rope_theta, 0.0, low_open=True)
+    check_float("ModelConfig.norm_eps", self.norm_eps, 0.0, low_open=True)
+    check_float("ModelConfig.init_std", self.init_std, 0.0, low_open=True)
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise TypeError(
           f"ModelConfig.rope_scaling must be None or a RopeScaling, got {self.rope_scaling!r}")
     for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
-    _require_choice("ModelConfig", "param_dtype", self.param_dtype, DTYPES)
-    _require_choice("ModelConfig", "compute_dtype", self.compute_dtype, DTYPES)
-    _require_choice("ModelConfig", "remat", self.remat, REMAT_POLICIES)
-    _require_choice("ModelConfig", "family", self.family, FAMILIES)
+    check_choice("ModelConfig.param_dtype", self.param_dtype, DTYPES)
+    check_choice("ModelConfig.compute_dtype", self.compute_dtype, DTYPES)
+    check_choice("ModelConfig.remat", self.remat, REMAT_POLICIES)
+    check_choice("ModelConfig.family", self.family, FAMILIES)
 
   # -- derived ---------------------------------------------------------------
 
@@ -250,7 +232,45 @@ class ModelConfig:
     return cls(**{**base, **overrides})
 
 
-PRESETS = {
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """The run config's `model` section: a Hugging Face checkpoint, or the shape
+  of a fresh model of the built-in family (`build` derives its ModelConfig).
+
+  With `hf_path` set the architecture comes from the checkpoint and only the
+  numerics (dtypes, remat) apply; the shape fields are ignored.
+  """
+
+  hf_path: str
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  d_ff: int
+  param_dtype: str
+  compute_dtype: str
+  remat: str
+
+  def __post_init__(self):
+    for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
+      check_int(f"config.model.{f}", getattr(self, f), 1)
+    if self.d_model % self.n_heads:
+      raise bad("config.model.d_model", self.d_model, f"must be a multiple of model.n_heads={self.n_heads}")
+    if self.n_heads % self.n_kv_heads:
+      raise bad("config.model.n_heads", self.n_heads, f"must be a multiple of model.n_kv_heads={self.n_kv_heads}")
+    check_choice("config.model.param_dtype", self.param_dtype, DTYPES)
+    check_choice("config.model.compute_dtype", self.compute_dtype, DTYPES)
+    check_choice("config.model.remat", self.remat, REMAT_POLICIES)
+
+  def build(self, vocab_size: int) -> ModelConfig:
+    """The ModelConfig of a fresh model of this shape (`ModelConfig.tiny`'s family)."""
+    return ModelConfig.tiny(vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                            n_kv_heads=self.n_kv_heads, head_dim=self.d_model // self.n_heads, d_ff=self.d_ff,
+                            param_dtype=self.param_dtype, compute_dtype=self.compute_dtype, remat=self.remat)
+
+
+MODEL_PRESETS = {
     "qwen2_5_0_5b": ModelConfig.qwen2_5_0_5b,
     "qwen2_5_1_5b": ModelConfig.qwen2_5_1_5b,
     "qwen2_5_7b": ModelConfig.qwen2_5_7b,

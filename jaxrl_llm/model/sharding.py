@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from jaxrl_llm.checks import check_int
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.params import init_params, param_axes, param_shapes
 
@@ -42,7 +43,11 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Mesh shape; data * fsdp * tensor must equal the number of devices."""
+  """Mesh shape: data x fsdp x tensor devices (`config.mesh.*` of a run).
+
+  data = -1 takes the devices the other axes leave (`resolve`); every other
+  value is a positive int.
+  """
   data: int = 1
   fsdp: int = 1
   tensor: int = 1
@@ -50,17 +55,28 @@ class MeshConfig:
   def __post_init__(self):
     for name in MESH_AXES:
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"MeshConfig.{name} must be a positive int, got {value!r}")
+      if not (name == "data" and value == -1):
+        check_int(f"MeshConfig.{name}", value, 1)
 
   @property
   def shape(self) -> tuple[int, int, int]:
     return (self.data, self.fsdp, self.tensor)
 
+  def resolve(self, n_devices: int) -> "MeshConfig":
+    """This shape with data = -1 replaced by what the other axes leave of n_devices."""
+    if self.data != -1:
+      return self
+    fixed = self.fsdp * self.tensor
+    if n_devices % fixed:
+      raise ValueError(f"MeshConfig data=-1 x fsdp={self.fsdp} x tensor={self.tensor}: {n_devices} devices "
+                       f"do not split into fsdp x tensor = {fixed}")
+    return dataclasses.replace(self, data=n_devices // fixed)
+
 
 def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:
   """A (data, fsdp, tensor) mesh over all devices (all processes' devices)."""
   devices = jax.devices() if devices is None else list(devices)
+  mesh_cfg = mesh_cfg.resolve(len(devices))
   size = math.prod(mesh_cfg.shape)
   if size != len(devices):
     raise ValueError(
@@ -96,7 +112,7 @@ def check_divisible(cfg: ModelConfig, mesh: Mesh) -> None:
           f"(mesh {dict(sizes)})")
 
 
-def param_specs(cfg: ModelConfig) -> dict:
+def partition_specs(cfg: ModelConfig) -> dict:
   """PartitionSpec tree matching the params."""
   return jax.tree.map(logical_to_spec, param_axes(cfg),
                       is_leaf=lambda x: isinstance(x, tuple))
@@ -105,7 +121,7 @@ def param_specs(cfg: ModelConfig) -> dict:
 def param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
   """NamedSharding tree matching the params (raises if a dim does not divide)."""
   check_divisible(cfg, mesh)
-  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), param_specs(cfg),
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), partition_specs(cfg),
                       is_leaf=lambda x: isinstance(x, P))
 
 
@@ -129,6 +145,24 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def batch_shards(mesh: Mesh) -> int:
+  """How many ways the batch is split (data x fsdp)."""
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def onto_mesh(tree, mesh: Mesh):
+  """Replicates over the mesh every leaf not already placed on all its devices
+  (optimizer counters and other scalars created outside a sharded jit)."""
+  devices = set(mesh.devices.flat)
+
+  def place(x):
+    if getattr(x, "sharding", None) is not None and set(x.sharding.device_set) == devices:
+      return x
+    return jax.device_put(x, replicated(mesh))
+
+  return jax.tree.map(place, tree)
+
+
 def cache_sharding(cfg: ModelConfig, mesh: Mesh):
   """Shardings for a KVCache: batch over data x fsdp, kv-heads over tensor."""
   from jaxrl_llm.model.cache import KVCache
@@ -143,7 +177,7 @@ def unsharded_params(cfg: ModelConfig, mesh: Mesh, min_size: int = 1) -> list[st
   sizes = dict(mesh.shape)
   out = []
   shapes = param_shapes(cfg)
-  specs = param_specs(cfg)
+  specs = partition_specs(cfg)
   flat_specs = dict(jax.tree_util.tree_flatten_with_path(
       specs, is_leaf=lambda x: isinstance(x, P))[0])
   for path, shape in jax.tree_util.tree_flatten_with_path(shapes)[0]:

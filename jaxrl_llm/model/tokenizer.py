@@ -1,10 +1,13 @@
-"""A Hugging Face tokenizer from a local directory, through the `tokenizers`
-library (tokenizer.json) and jinja2 (the checkpoint's chat template).
+"""Tokenizers: the built-in character tokenizer and a Hugging Face tokenizer.
 
-Same protocol as the built-in character tokenizer (jaxrl_llm.tasks.tokenizer):
+Both follow one protocol, the surface the trainer relies on:
 `encode(str) -> list[int]`, `decode(ids) -> str`, `eos_id`, `pad_id`, `bos_id`,
 `vocab_size`, `apply_chat_template(messages, add_generation_prompt=True) -> str`.
-The template renders in jinja2's immutable sandbox with the helpers Hugging
+`make_tokenizer(hf_path)` picks one: "" is the character tokenizer of the
+built-in tasks, a directory is that checkpoint's tokenizer.
+
+`HFTokenizer` reads a local directory through the `tokenizers` library
+(tokenizer.json) and jinja2 (the checkpoint's chat template). The template renders in jinja2's immutable sandbox with the helpers Hugging
 Face templates expect (raise_exception, strftime_now, a non-escaping tojson),
 with trim_blocks / lstrip_blocks as transformers sets them.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import string
 from collections.abc import Iterable, Sequence
 
 import jinja2
@@ -139,3 +143,67 @@ def load_tokenizer(path: str) -> HFTokenizer:
   extra = [extra] if isinstance(extra, int) else list(extra or [])
   return HFTokenizer(tokenizer, eos_token=eos, pad_token=token("pad_token"),
                      bos_token=token("bos_token"), chat_template=template, extra_eos_ids=extra)
+
+
+# ---- the character tokenizer of the built-in tasks ---------------------------
+
+PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
+# Every printable ASCII character plus newline: enough for arithmetic,
+# countdown and plain-text prompts, small enough for a tiny model (V = 103).
+_CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+class CharTokenizer:
+  """One id per character; ids 0, 1, 2 are pad, eos and bos."""
+
+  def __init__(self) -> None:
+    self._itos = [PAD, EOS, BOS] + list(_CHARS)
+    self._stoi = {c: i for i, c in enumerate(self._itos) if len(c) == 1}
+
+  pad_id = 0
+  eos_id = 1
+  bos_id = 2
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._itos)
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self._stoi[c] for c in text]
+    except KeyError as e:
+      raise ValueError(
+          f"CharTokenizer.encode: character {e.args[0]!r} in {text[:60]!r} is "
+          f"not in the vocabulary (printable ASCII and newline)") from None
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Decodes ids, dropping pad/bos and stopping at the first eos."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == self.eos_id:
+        break
+      if i in (self.pad_id, self.bos_id):
+        continue
+      if not 0 <= i < len(self._itos):
+        raise ValueError(f"CharTokenizer.decode: id {i} outside [0, {len(self._itos)})")
+      out.append(self._itos[i])
+    return "".join(out)
+
+  def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    """Plain concatenation of the message contents.
+
+    A tiny character model has no roles, so the template adds no markers: the
+    task prompt itself ("12+45=") ends where the answer starts. The argument
+    `add_generation_prompt` is accepted for protocol compatibility.
+    """
+    del add_generation_prompt
+    for m in messages:
+      if "content" not in m:
+        raise ValueError(f"apply_chat_template: message {m!r} has no 'content'")
+    return "".join(m["content"] for m in messages)
+
+
+def make_tokenizer(hf_path: str = ""):
+  """The run's tokenizer: "" -> CharTokenizer; a Hugging Face directory -> its tokenizer."""
+  return load_tokenizer(hf_path) if hf_path else CharTokenizer()

@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 
-# Floating dtypes the sampler may cast its params and compute to.
-_DTYPES = ("float32", "bfloat16", "float16")
+from jaxrl_llm.checks import DTYPES, bad, check_choice, check_float, check_int
+
 
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise TypeError(f"SamplingConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
-  if value < low or (high is not None and value > high):
-    allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-    raise ValueError(f"SamplingConfig.{name}={value} is out of range: allowed {allowed}")
+  check_int(f"SamplingConfig.{name}", value, low, high)
 
 
 def _check_float(name: str, value) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise TypeError(f"SamplingConfig.{name} must be a number, got {value!r} ({type(value).__name__})")
-  value = float(value)
-  if value != value or value in (float("inf"), float("-inf")):
-    raise ValueError(f"SamplingConfig.{name}={value} must be finite")
-  return value
+  return check_float(f"SamplingConfig.{name}", value)
 
 
 def _check_ids(name: str, ids) -> tuple[int, ...]:
@@ -103,8 +94,8 @@ class SamplingConfig:
       raise ValueError(f"SamplingConfig: ids {both} are in both eos_ids and stop_ids; the finish reason would be ambiguous")
     if not isinstance(self.record_raw_logp, bool):
       raise TypeError(f"SamplingConfig.record_raw_logp must be a bool, got {self.record_raw_logp!r}")
-    if self.dtype is not None and self.dtype not in _DTYPES:
-      raise ValueError(f"SamplingConfig.dtype={self.dtype!r} must be None or one of {_DTYPES}")
+    if self.dtype is not None:
+      check_choice("SamplingConfig.dtype", self.dtype, DTYPES)
     if self.cache_len is not None:
       _check_int("cache_len", self.cache_len, self.max_new_tokens + 1)
     # Normalise numbers and id lists so equal configs hash equal (one compile).
@@ -141,3 +132,47 @@ class SamplingConfig:
           f"prompt length {prompt_len} + max_new_tokens {self.max_new_tokens} = {needed} exceeds "
           f"SamplingConfig.cache_len={self.cache_len}: allowed prompt length <= {self.cache_len - self.max_new_tokens}")
     return self.cache_len
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """The run config's `rollout` section (keys documented in jaxrl_llm/training/defaults.py):
+  how many samples a step draws, from which engine, with what settings and mismatch."""
+
+  engine: str  # a rollout engine of sampling/engine.py's registry (checked against it by RunConfig)
+  prompts_per_step: int
+  group_size: int
+  max_response_len: int
+  temperature: float
+  top_k: int
+  top_p: float
+  sampler_dtype: str
+  staleness: int
+  record_topk: int
+
+  @property
+  def batch_size(self) -> int:
+    """B: samples per RL step."""
+    return self.prompts_per_step * self.group_size
+
+  def __post_init__(self):
+    if not isinstance(self.engine, str) or not self.engine:
+      raise bad("config.rollout.engine", self.engine, "the name of a registered rollout engine")
+    check_int("config.rollout.prompts_per_step", self.prompts_per_step, 1)
+    check_int("config.rollout.group_size", self.group_size, 1)
+    check_int("config.rollout.max_response_len", self.max_response_len, 1)
+    check_float("config.rollout.temperature", self.temperature, 0.0, 10.0, low_open=True)
+    check_int("config.rollout.top_k", self.top_k, 0)
+    check_float("config.rollout.top_p", self.top_p, 0.0, 1.0, low_open=True)
+    check_choice("config.rollout.sampler_dtype", self.sampler_dtype, DTYPES)
+    check_int("config.rollout.staleness", self.staleness, 0, 64)
+    check_int("config.rollout.record_topk", self.record_topk, 0)
+
+  def sampling(self, tokenizer, *, greedy: bool = False) -> SamplingConfig:
+    """The sampler's settings for this rollout config and tokenizer (greedy: the evaluation's)."""
+    return SamplingConfig(
+        temperature=0.0 if greedy else self.temperature, top_k=0 if greedy else self.top_k,
+        top_p=1.0 if greedy else self.top_p, max_new_tokens=self.max_response_len,
+        n_samples=1 if greedy else self.group_size, eos_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id,
+        record_topk=0 if greedy else self.record_topk,
+        dtype=None if self.sampler_dtype == "float32" else self.sampler_dtype)

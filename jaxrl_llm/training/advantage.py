@@ -22,9 +22,9 @@ def advantages(reward_B: np.ndarray, keep_B: np.ndarray, mask_BR: np.ndarray, ob
       tok_r = obj_lib.kl_token_rewards(tok_r, jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), mask,
                                        coef=obj.kl_coef, kind=obj.kl_estimator)
     res = obj_lib.gae(tok_r, jnp.asarray(values_BR), mask, gamma=obj.gamma, lam=obj.gae_lambda)
-    adv_BR = obj_lib.masked_whiten(res.adv_BT, mask & jnp.asarray(keep_B)[:, None]) if obj.adv_whiten \
-        else res.adv_BT
-    returns_BR = res.returns_BT
+    adv_BR = obj_lib.masked_whiten(res.adv_BR, mask & jnp.asarray(keep_B)[:, None]) if obj.adv_whiten \
+        else res.adv_BR
+    returns_BR = res.returns_BR
   else:
     if kl_in_reward:
       reward = obj_lib.fold_kl_into_rewards(reward, jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), mask,

@@ -11,7 +11,29 @@ and they count nowhere.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+
+from jaxrl_llm.checks import check_bool, check_float, check_int
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+  """The run config's `filters` section (keys documented in training/defaults.py)."""
+
+  dynamic_sampling: bool
+  max_refill_rounds: int
+  overlong_filter: bool
+  overlong_buffer: int
+  overlong_penalty: float
+
+  def __post_init__(self):
+    check_bool("config.filters.dynamic_sampling", self.dynamic_sampling)
+    check_int("config.filters.max_refill_rounds", self.max_refill_rounds, 0, 100)
+    check_bool("config.filters.overlong_filter", self.overlong_filter)
+    check_int("config.filters.overlong_buffer", self.overlong_buffer, 0)
+    check_float("config.filters.overlong_penalty", self.overlong_penalty, 0.0, 100.0)
 
 
 def informative_groups(reward_B: np.ndarray, group_size: int) -> np.ndarray:

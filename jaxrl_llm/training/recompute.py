@@ -11,8 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm import model as model_lib
+from jaxrl_llm.model.logprobs import response_hidden, response_logprobs
+from jaxrl_llm.sampling.engine import sampler_view
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, value_head
-from jaxrl_llm.training.logprobs import response_hidden, response_logprobs
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "temperature", "impl", "with_values"))
@@ -46,35 +48,29 @@ def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, mode
 
 
 def behaviour_hidden(sampler_params, sampling_cfg, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR,
-                     *, chunk: int, sharding=None) -> np.ndarray:
+                     *, chunk: int, sharding=None) -> jax.Array:
   """h_mu: the sampler's final hidden states [B, R, D], recomputed with its
   params and dtype (host array in that dtype). With its output head
   (`behaviour_head`) they give mu(v | prefix) = softmax(h_mu @ w_mu / T) at
   the sampling temperature: TRM's per-token KL(mu || pi_theta) in the update,
   without a [B, R, V] array. Exact when the sampler does not truncate
-  (top_k = 0, top_p = 1)."""
-  from jaxrl_llm.sampling.generate import sampler_model_config
-  from jaxrl_llm.sampling.loop import cast_params
-
-  run_cfg = sampler_model_config(model_cfg, sampling_cfg)
-  params = cast_params(sampler_params, sampling_cfg.dtype)
+  (top_k = 0, top_p = 1). A device array: nothing on the host reads it."""
+  params, run_cfg = sampler_view(sampler_params, model_cfg, sampling_cfg)
   outs = []
   for s in range(0, tokens_BR.shape[0], chunk):
     args = (prompt_BP[s:s + chunk], prompt_mask_BP[s:s + chunk], tokens_BR[s:s + chunk], mask_BR[s:s + chunk])
     if sharding is not None:
       args = jax.device_put(args, sharding)
-    outs.append(np.asarray(jax.device_get(_hidden_chunk(params, *args, model_cfg=run_cfg))))
-  return np.concatenate(outs)
+    outs.append(_hidden_chunk(params, *args, model_cfg=run_cfg))
+  return jnp.concatenate(outs)  # stays on the device: only the update reads it
 
 
-def behaviour_head(tr, state) -> dict:
+def behaviour_head(model_cfg, sampling_cfg, state) -> dict:
   """The update's aux for TRM: {AUX_BEHAV_HEAD: the sampler's output head w_DV
-  in the sampler's dtype} (an aux provider of the Trainer)."""
-  from jaxrl_llm import model as model_lib
-
-  w_DV = model_lib.lm_head(state.sampler_params(), tr.model_cfg)
+  in the sampler's dtype}."""
+  w_DV = model_lib.lm_head(state.sampler_params(), model_cfg)
   # Always a copy: without staleness the sampler's head is the policy's own
   # buffer, which the update donates, and mu must stay the sampling-time head
   # through all of the step's updates.
-  dtype = tr.sampling_cfg.dtype or w_DV.dtype
+  dtype = sampling_cfg.dtype or w_DV.dtype
   return {AUX_BEHAV_HEAD: jnp.array(w_DV, dtype=dtype, copy=True)}

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 
 from jaxrl_llm.tasks.rewards import RewardRunner
-from jaxrl_llm.training.config import FilterConfig
-from jaxrl_llm.training.rollout import Samples
+from jaxrl_llm.sampling.engine import RolloutBatch
+from jaxrl_llm.training.filters import FilterConfig
 
 
 def soft_overlong_penalty(length_B: np.ndarray, max_len: int, buffer: int, penalty: float) -> np.ndarray:
@@ -29,7 +29,7 @@ class Scores:
   timed_out_B: np.ndarray  # bool [B] the reward function hung past its timeout
 
 
-def score(samples: Samples, runner: RewardRunner, filters: FilterConfig, max_len: int) -> Scores:
+def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, max_len: int) -> Scores:
   rb = runner(samples.prompts, samples.responses, samples.answers)
   shaped = rb.reward_B + soft_overlong_penalty(samples.length_B, max_len, filters.overlong_buffer,
                                                filters.overlong_penalty)

@@ -7,6 +7,7 @@ imitation plateaus below what the verifier can teach during RL.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 
@@ -15,11 +16,30 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrl_llm.checks import check_float, check_int
 from jaxrl_llm.tasks.base import Example
-from jaxrl_llm.training import mesh as mesh_lib
-from jaxrl_llm.training.data import encode_prompts
-from jaxrl_llm.training.logprobs import response_logprobs
+from jaxrl_llm.model import sharding as sharding_lib
+from jaxrl_llm.model.logprobs import response_logprobs
+from jaxrl_llm.tasks.pipeline import encode_prompts
 from jaxrl_llm.training.optim import adamw, guarded_update, warmup_schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  """The run config's `sft` section (keys documented in training/defaults.py)."""
+
+  steps: int
+  batch_size: int
+  lr: float
+  warmup_steps: int
+  wrong_fraction: float
+
+  def __post_init__(self):
+    check_int("config.sft.steps", self.steps, 0)
+    check_int("config.sft.batch_size", self.batch_size, 1)
+    check_float("config.sft.lr", self.lr, 0.0, 1.0, low_open=True)
+    check_int("config.sft.warmup_steps", self.warmup_steps, 0)
+    check_float("config.sft.wrong_fraction", self.wrong_fraction, 0.0, 1.0)
 
 
 def encode_responses(tokenizer, texts, max_response_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -52,10 +72,10 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, *, steps: int
     return params, {"sft_steps": 0}
   tx = adamw(warmup_schedule(lr, warmup_steps, steps, decay_to=0.1), b1=0.9, b2=0.99,
              weight_decay=0.0, clip_norm=1.0)
-  opt_state = mesh_lib.onto_mesh(tx.init(params), mesh)
+  opt_state = sharding_lib.onto_mesh(tx.init(params), mesh)
   p_shard = jax.tree.map(lambda a: a.sharding, params)
   o_shard = jax.tree.map(lambda a: a.sharding, opt_state)
-  b_shard = mesh_lib.batch_sharding(mesh)
+  b_shard = sharding_lib.batch_sharding(mesh, ndim=1)
 
   @functools.partial(jax.jit, in_shardings=(p_shard, o_shard, b_shard, b_shard, b_shard, b_shard),
                      out_shardings=(p_shard, o_shard, None), donate_argnums=(0, 1))

@@ -1,8 +1,11 @@
 """One RL step, stage by stage:
 
-    prompts -> rollout (n per prompt, refilled by dynamic sampling) -> score
-    -> filters -> recompute pi_prox / pi_ref / values -> advantages
-    -> K passes of mini-batch updates -> metrics.
+    prompts -> rollout engine (n per prompt, refilled by dynamic sampling)
+    -> score -> filters -> recompute pi_prox / pi_ref / values -> advantages
+    -> extensions rewrite the batch -> K passes of mini-batch updates -> metrics.
+
+Every stage is a function of the `StepContext` (training/context.py) and the
+`TrainState`; `rl_step(ctx, state)` runs them in order.
 """
 
 from __future__ import annotations
@@ -13,30 +16,31 @@ import jax
 import numpy as np
 
 from jaxrl_llm import objectives as obj_lib
+from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.training import advantage as adv_lib
 from jaxrl_llm.training import filters as filt
-from jaxrl_llm.training import teacher as teacher_lib
 from jaxrl_llm.training.batch import TrainBatch
+from jaxrl_llm.training.context import StepContext, snapshot
 from jaxrl_llm.training.metrics import mean_over_updates
-from jaxrl_llm.training.recompute import behaviour_hidden, policy_logprobs
-from jaxrl_llm.training.rollout import concat_samples, sample, select_rows
+from jaxrl_llm.training.recompute import behaviour_head, behaviour_hidden, policy_logprobs
 from jaxrl_llm.training.score import concat_scores, score, select_scores
 from jaxrl_llm.training.state import TrainState
 
 
-def _rollout_and_score(tr, state: TrainState, key):
+def rollout_and_score(ctx: StepContext, state: TrainState, key):
   """Samples rounds of prompts until the batch is full of informative groups
   (dynamic sampling) or the refill budget is spent."""
-  cfg = tr.cfg
+  cfg = ctx.cfg
   G, n_prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
   parts_s, parts_r, rounds, t_roll, t_score = [], [], 0, 0.0, 0.0
+  # The engine samples with theta_{s-k} (k = staleness): lag_params[0], or the policy itself.
+  ctx.engine.sync(state.sampler_params(), max(int(state.step) - cfg.rollout.staleness, 0))
   while True:
     t0 = time.time()
-    smp = sample(state.sampler_params(), tr.model_cfg, next(tr.pipeline), tr.sampling_cfg,
-                 jax.random.fold_in(key, rounds), tr.tokenizer, tr.batch_sharding)
+    smp = ctx.engine.generate(next(ctx.pipeline), jax.random.fold_in(key, rounds))
     t1 = time.time()
     parts_s.append(smp)
-    parts_r.append(score(smp, tr.runner, cfg.filters, cfg.rollout.max_response_len))
+    parts_r.append(score(smp, ctx.runner, cfg.filters, cfg.rollout.max_response_len))
     t_roll, t_score = t_roll + t1 - t0, t_score + time.time() - t1
     if not cfg.filters.dynamic_sampling:
       break
@@ -44,7 +48,7 @@ def _rollout_and_score(tr, state: TrainState, key):
     if n_informative >= n_prompts or rounds >= cfg.filters.max_refill_rounds:
       break
     rounds += 1
-  samples, scores = concat_samples(parts_s), concat_scores(parts_r)
+  samples, scores = RolloutBatch.concat(parts_s), concat_scores(parts_r)
   first = parts_r[0]  # the first round is the unfiltered on-policy sample: report it
   stats = {"reward/mean": first.reward_B.mean(), "reward/std": first.reward_B.std(),
            "reward/accuracy": first.correct_B.mean(),
@@ -56,7 +60,7 @@ def _rollout_and_score(tr, state: TrainState, key):
            "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in parts_s)}
   if cfg.filters.dynamic_sampling:
     rows, keep = filt.choose_groups(scores.reward_B, G, n_prompts)
-    samples, scores = select_rows(samples, rows), select_scores(scores, rows)
+    samples, scores = samples.select(rows), select_scores(scores, rows)
     stats["filter/kept_group_frac"] = keep.reshape(-1, G)[:, 0].mean()
   else:
     keep = np.ones(scores.reward_B.shape, bool)
@@ -65,14 +69,15 @@ def _rollout_and_score(tr, state: TrainState, key):
   return samples, scores, keep & over, stats
 
 
-def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBatch, dict]:
-  cfg, obj = tr.cfg, tr.cfg.objective
+def build_batch(ctx: StepContext, state: TrainState, samples: RolloutBatch, scores, keep_B
+                ) -> tuple[TrainBatch, dict]:
+  cfg, obj = ctx.cfg, ctx.cfg.objective
   t0 = time.time()
   mask_BR = samples.mask_BR & keep_B[:, None]
   B, R = mask_BR.shape
   zeros = np.zeros((B, R), np.float32)
-  common = dict(model_cfg=tr.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
-                chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
+  common = dict(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
+                chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding)
   args = (samples.prompt_BP, samples.prompt_mask_BP, samples.tokens_BR, samples.mask_BR)
   prox_logp, values = zeros, zeros
   need_prox = obj.needs_prox or obj.needs_ref or cfg.log.kl_to_ref or cfg.use_value
@@ -81,19 +86,26 @@ def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBa
                                         **common)
   ref_logp = zeros
   if obj.needs_ref or cfg.log.kl_to_ref:
-    ref_logp, _ = policy_logprobs(tr.ref_params(state), state.value_params, *args, **common)
+    ref_logp, _ = policy_logprobs(state.ref_params, state.value_params, *args, **common)
   behav_hidden = np.zeros((B, R, 0), np.float32)
   if obj.needs_token_kl:
-    behav_hidden = behaviour_hidden(state.sampler_params(), tr.sampling_cfg, tr.model_cfg, *args,
-                                    chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
+    behav_hidden = behaviour_hidden(state.sampler_params(), ctx.sampling_cfg, ctx.model_cfg, *args,
+                                    chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding)
   t1 = time.time()
   adv_BR, returns_BR = adv_lib.advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
                                           prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
-  t2 = time.time()
-  adv_BR, teacher_extra, teacher_stats = teacher_lib.rewrite_batch(tr, state, samples, scores, adv_BR, mask_BR)
-  stats = {"time/recompute_s": t1 - t0, "time/advantage_s": t2 - t1, "time/teacher_s": time.time() - t2,
-           **teacher_stats,
-           "adv/abs_mean": float(np.abs(adv_BR)[mask_BR].mean()) if mask_BR.any() else 0.0}
+  stats = {"time/recompute_s": t1 - t0, "time/advantage_s": time.time() - t1}
+  extra_BR = {}
+  for ext in ctx.extensions:  # in order: each sees the advantages the previous one wrote
+    t2 = time.time()
+    adv_BR, ext_extra, ext_stats = ext.rewrite_batch(state, samples, scores, adv_BR, mask_BR)
+    clash = sorted(set(extra_BR) & set(ext_extra))
+    if clash:
+      raise ValueError(f"extension {ext.name!r} writes extra_BR keys {clash} that an earlier extension wrote")
+    extra_BR.update(ext_extra)
+    stats.update(ext_stats)
+    stats[f"time/{ext.name}_s"] = time.time() - t2
+  stats["adv/abs_mean"] = float(np.abs(adv_BR)[mask_BR].mean()) if mask_BR.any() else 0.0
   if need_prox and (obj.needs_ref or cfg.log.kl_to_ref):
     k3 = np.asarray(obj_lib.kl_penalty(prox_logp, ref_logp, "k3"))
     stats["kl/ref"] = float(k3[samples.mask_BR].mean())
@@ -104,7 +116,7 @@ def build_batch(tr, state: TrainState, samples, scores, keep_B) -> tuple[TrainBa
       mask_BR=mask_BR, behav_logp_BR=samples.behav_logp_BR, prox_logp_BR=prox_logp, ref_logp_BR=ref_logp,
       adv_BR=adv_BR, returns_BR=returns_BR, old_values_BR=values, topk_ids_BRK=samples.topk_ids_BRK,
       topk_logp_BRK=samples.topk_logp_BRK, behav_hidden_BRD=behav_hidden,
-      extra_BR={**tr.extra_inputs(state, samples), **teacher_extra})
+      extra_BR=extra_BR)
   return batch, stats
 
 
@@ -116,21 +128,36 @@ def _row_order(rng: np.random.Generator, B: int, G: int, mini: int) -> np.ndarra
   return rng.permutation(B)
 
 
-def run_updates(tr, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
+def update_aux(ctx: StepContext, state: TrainState) -> dict:
+  """The update's `aux` ({name: array}, no batch axis): the sampler's head for
+  TRM's token KL, then each extension's `aux(state)`, replicated over the mesh.
+  The arrays must not alias the params (the update donates them)."""
+  parts = [behaviour_head(ctx.model_cfg, ctx.sampling_cfg, state)] if ctx.cfg.objective.needs_token_kl else []
+  parts += [ext.aux(state) for ext in ctx.extensions]
+  aux = {}
+  for part in parts:
+    clash = sorted(set(aux) & set(part))
+    if clash:
+      raise ValueError(f"update aux: key(s) {clash} returned twice; aux keys must be unique")
+    aux.update(part)
+  return jax.device_put(aux, ctx.replicated)
+
+
+def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
   """K passes over the batch, `mini_batches` optimizer updates per pass."""
-  cfg = tr.cfg
+  cfg = ctx.cfg
   B = batch.tokens_BR.shape[0]
   mini = cfg.mini_batch_size
   rng = np.random.default_rng([cfg.seed, int(state.step)])
   params, opt_state, vparams, vopt = state.params, state.opt_state, state.value_params, state.value_opt_state
-  aux = tr.update_aux(state)  # before the first update donates the params it may be read from
+  aux = update_aux(ctx, state)  # before the first update donates the params it may be read from
   per_update, t0 = [], time.time()
   for _ in range(cfg.train.epochs):
     order = _row_order(rng, B, cfg.rollout.group_size, mini) if cfg.train.mini_batches > 1 else np.arange(B)
     for j in range(cfg.train.mini_batches):
       rows = order[j * mini:(j + 1) * mini]
-      mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), tr.batch_sharding)
-      params, opt_state, vparams, vopt, m = tr.update_fn(params, opt_state, vparams, vopt, mb, aux)
+      mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), ctx.batch_sharding)
+      params, opt_state, vparams, vopt, m = ctx.update_fn(params, opt_state, vparams, vopt, mb, aux)
       per_update.append(m)
   per_update = jax.device_get(per_update)
   metrics = mean_over_updates(per_update)
@@ -141,22 +168,22 @@ def run_updates(tr, state: TrainState, batch: TrainBatch) -> tuple[TrainState, d
   return state, metrics
 
 
-def rl_step(tr, state: TrainState) -> tuple[TrainState, dict]:
+def rl_step(ctx: StepContext, state: TrainState) -> tuple[TrainState, dict]:
   t0 = time.time()
   key, k_sample = jax.random.split(state.key)
-  samples, scores, keep_B, stats = _rollout_and_score(tr, state, k_sample)
-  batch, b_stats = build_batch(tr, state, samples, scores, keep_B)
+  samples, scores, keep_B, stats = rollout_and_score(ctx, state, k_sample)
+  batch, b_stats = build_batch(ctx, state, samples, scores, keep_B)
   # theta_s joins the lag buffer once this step's updates have replaced it, so
   # step s samples with theta_{s-k} (k = staleness); the update donates
   # state.params, hence the copy before it.
-  theta_s = tr.snapshot(state.params) if state.lag_params else None
-  state, u_stats = run_updates(tr, state, batch)
+  theta_s = snapshot(state.params) if state.lag_params else None
+  state, u_stats = run_updates(ctx, state, batch)
   if theta_s is not None:
     state = state.push_lag(theta_s)
-  state = state.replace(step=state.step + 1, key=key, data_state=tr.pipeline.get_state())
+  state = state.replace(step=state.step + 1, key=key, data_state=ctx.pipeline.get_state())
   metrics = {**stats, **b_stats, **u_stats}
   metrics["trust/clip_frac"] = metrics.get("trust/clip_low_frac", 0.0) + metrics.get("trust/clip_high_frac", 0.0)
-  metrics["lr"] = float(tr.lr_schedule(tr.updates_done(state)))
+  metrics["lr"] = float(ctx.lr_schedule(ctx.updates_done(state)))
   metrics["time/step_s"] = time.time() - t0
   metrics["perf/tokens_per_s"] = metrics["perf/sampled_tokens"] / max(metrics["time/step_s"], 1e-9)
   return state, metrics

@@ -29,7 +29,7 @@ from flax import struct
 from jaxrl_llm import model as model_lib
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch, value_head
-from jaxrl_llm.training.logprobs import response_hidden
+from jaxrl_llm.model.logprobs import response_hidden
 from jaxrl_llm.training.optim import guarded_update
 from jaxrl_llm.training.vocab_terms import vocab_terms
 
@@ -77,9 +77,9 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
   logp_BR, entropy_BR = vt.logp_BR, vt.entropy_BR
   pl = obj_lib.policy_loss(
       logp_BR, mb.prox_logp_BR if obj.needs_prox else None, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
-      norms=norms, centering=vt.centering_BR, kl_BT=vt.kl_BR,
-      ref_logp_BT=mb.ref_logp_BR if obj.needs_ref and obj.kl_placement == "loss" else None,
-      entropy_BT=entropy_BR if obj.needs_entropy else None)
+      norms=norms, centering=vt.centering_BR, kl_BR=vt.kl_BR,
+      ref_logp_BR=mb.ref_logp_BR if obj.needs_ref and obj.kl_placement == "loss" else None,
+      entropy_BR=entropy_BR if obj.needs_entropy else None)
   num = pl.loss.numerator
   metrics = dict(pl.metrics)
   metrics["loss/policy"] = pl.loss

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_llm import objectives as obj_lib
-from jaxrl_llm.training.logprobs import full_logprobs, head_logprobs, kernel_options
+from jaxrl_llm.model.logprobs import full_logprobs, head_logprobs, kernel_options
 
 _sg = jax.lax.stop_gradient
 

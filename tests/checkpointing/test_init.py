@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl_llm.checkpointing import (
     CheckpointManager, IncompatibleCheckpointError, NoCheckpointError)
-from jaxrl_llm.checkpointing.init import init_params
+from jaxrl_llm.checkpointing.init import params_from_checkpoint as init_params
 from jaxrl_llm.model import ModelConfig, init_params as model_init_eager
 from jaxrl_llm.model.hf_io import save_hf
 

@@ -170,7 +170,7 @@ def test_missing_misshaped_and_unexpected_tensors_are_named(hf_dirs, tmp_path):
 @pytest.mark.parametrize("preset", ["qwen2_5_0_5b", "qwen2_5_7b", "qwen3_8b", "llama3_2_1b",
                                     "llama3_1_8b"])
 def test_preset_configs_round_trip_through_config_json(preset):
-  from jaxrl_llm.model import PRESETS
+  from jaxrl_llm.model import MODEL_PRESETS as PRESETS
   from jaxrl_llm.model.config import ModelConfig
   from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
   cfg = PRESETS[preset]()

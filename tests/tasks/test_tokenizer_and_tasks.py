@@ -4,7 +4,7 @@ import pytest
 
 from jaxrl_llm.tasks.arithmetic import ArithmeticTask, arithmetic_format, arithmetic_reward, carry_free_sum
 from jaxrl_llm.tasks.countdown import CountdownTask, countdown_format, countdown_reward
-from jaxrl_llm.tasks.tokenizer import CharTokenizer
+from jaxrl_llm.model.tokenizer import CharTokenizer
 
 
 def test_tokenizer_round_trip_and_specials():

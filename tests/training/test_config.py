@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load_config, shrink
+from run_helpers import REPO, load_config, shrink
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
 

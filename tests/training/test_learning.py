@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import load_config, shrink
+from run_helpers import load_config, shrink
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer

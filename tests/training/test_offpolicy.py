@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import load_config, make_trainer, shrink
+from run_helpers import load_config, make_trainer, shrink
 from jaxrl_llm.training.config import from_config_dict
 
 

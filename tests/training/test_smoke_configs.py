@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import CONFIGS, load_config, shrink
+from run_helpers import CONFIGS, load_config, shrink
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer

@@ -8,23 +8,36 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import load_config, make_trainer, shrink
+from run_helpers import load_config, make_trainer, shrink
 from jaxrl_llm.objectives import WeightedSum
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training.config import from_config_dict
+from jaxrl_llm.extension import Extension
 from jaxrl_llm.training.loop import Trainer
 from jaxrl_llm.training.step import rl_step
 
 
+class _Terms(Extension):
+  """Extra loss terms, through the extension protocol."""
+
+  name = "terms"
+
+  def __init__(self, terms):
+    self.terms = terms
+
+  def extra_terms(self):
+    return self.terms
+
+
 def _one_step(name, tmp_path, log, *, extra_terms=(), **overrides):
   cfg = from_config_dict(shrink(load_config(name), **{"train.steps": 1, **overrides}))
-  tr = make_trainer(cfg, tmp_path, log, extra_terms=extra_terms)
+  tr = make_trainer(cfg, tmp_path, log, extensions=[_Terms(extra_terms)] if extra_terms else ())
   # Plain SGD: the parameter change is -lr * gradient, so equal changes mean
   # equal gradients (Adam's g / sqrt(v) would amplify rounding of tiny entries).
   tr.tx = optax.sgd(0.5)
   state = tr.start_rl(tr.init_state(jax.random.key(0)))
   before = jax.device_get(state.params)
-  state, metrics = rl_step(tr, state)
+  state, metrics = rl_step(tr.context, state)
   return before, jax.device_get(state.params), metrics
 
 

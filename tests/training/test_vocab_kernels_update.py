@@ -11,13 +11,13 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import load_config, make_trainer, shrink
+from run_helpers import load_config, make_trainer, shrink
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.objectives import get_preset
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
 from jaxrl_llm.training.config import from_config_dict
-from jaxrl_llm.training.logprobs import response_hidden
+from jaxrl_llm.model.logprobs import response_hidden
 from jaxrl_llm.training.recompute import behaviour_head, behaviour_hidden
 from jaxrl_llm.training.step import rl_step
 from jaxrl_llm.training.update import UpdateSpec, update_step
@@ -55,8 +55,7 @@ def _setup(preset: str, sampler_dtype=None):
   scfg = SamplingConfig(temperature=TEMPERATURE, dtype=sampler_dtype)
   behav_hidden_BRD = behaviour_hidden(sampler_params, scfg, CFG, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR,
                                       chunk=B)
-  tr = types.SimpleNamespace(model_cfg=CFG, sampling_cfg=scfg)
-  aux = behaviour_head(tr, types.SimpleNamespace(sampler_params=lambda: sampler_params))
+  aux = behaviour_head(CFG, scfg, types.SimpleNamespace(sampler_params=lambda: sampler_params))
   assert behav_hidden_BRD.dtype == aux[AUX_BEHAV_HEAD].dtype == jnp.dtype(sampler_dtype or "float32")
   mu_logp_BRV = _full_logp(behav_hidden_BRD, aux[AUX_BEHAV_HEAD])
   hidden_BRD = response_hidden(params, CFG, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR)
@@ -117,10 +116,10 @@ def _trainer_steps(name, tmp_path, log, impl, steps, **overrides):
   tr.tx = optax.sgd(0.5)  # the parameter change is -lr * gradient
   state = tr.start_rl(tr.init_state(jax.random.key(0)))
   before = jax.device_get(state.params)
-  state, metrics = rl_step(tr, state)
+  state, metrics = rl_step(tr.context, state)
   delta = jax.tree.map(lambda a, b: a - b, jax.device_get(state.params), before)
   for _ in range(steps - 1):
-    state, metrics = rl_step(tr, state)
+    state, metrics = rl_step(tr.context, state)
   return tr, delta, metrics  # the first step's parameter change, the last step's metrics
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import load_config, shrink
+from run_helpers import load_config, shrink
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
 
@@ -60,7 +60,7 @@ def test_ema_self_teacher_stopped_and_resumed_equals_the_uninterrupted_run(tmp_p
   assert any(not np.array_equal(t, i) for t, i in zip(teacher3, init))
   assert any(not np.array_equal(t, s) for t, s in zip(teacher3, _leaves(saved3["params"])))
 
-  for a, b in zip(_leaves(full.teacher_stage.params), _leaves(resumed.teacher_stage.params)):
+  for a, b in zip(_leaves(full.extension("teacher").stage.params), _leaves(resumed.extension("teacher").stage.params)):
     np.testing.assert_array_equal(a, b)
   for a, b in zip(_leaves(full.final_state.params), _leaves(resumed.final_state.params)):
     np.testing.assert_array_equal(a, b)

@@ -1,11 +1,9 @@
-"""Helpers shared by the trainer tests: the base config, shrunk for CPU."""
+"""Helpers shared by the trainer tests (training/, teacher/, ...): configs shrunk for CPU."""
 
 import importlib.util
 import os
 
-import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
 
 
@@ -51,8 +49,3 @@ def shrink(c, **overrides):
       node = node[p]
     node[leaf] = value
   return c
-
-
-@pytest.fixture
-def quiet_log():
-  return lambda s: None

@@ -1,10 +1,12 @@
-"""Shared base of every method config.
+"""The run config's keys and defaults: the shared base of every method config.
 
 Each `configs/<method>.py` calls `get_config(method)` and may change a few
-values. Every key is declared here once, with its unit and meaning; the
-returned ConfigDict is locked, so a misspelled key (in a file or on the
-command line) is an error. The trainer converts it once into frozen, validated
-dataclasses (`jaxrl_llm/training/config.py`).
+values. Every key is declared once, with its unit and meaning: here, or, for
+the sections whose dataclass carries its own defaults (`checkpoint`,
+`teacher`, `objective`), in that dataclass, from which the block is built.
+The returned ConfigDict is locked, so a misspelled key (in a file or on the
+command line) is an error. The trainer converts it once into frozen,
+validated dataclasses (`jaxrl_llm/training/config.py`).
 
 The defaults are the embedded demo: a tiny character model on 2-digit
 addition, warm-started by SFT on partly wrong demonstrations, then RL.
@@ -13,6 +15,20 @@ addition, warm-started by SFT on partly wrong demonstrations, then RL.
 from __future__ import annotations
 
 import ml_collections
+
+from jaxrl_llm.checkpointing.config import CheckpointConfig
+from jaxrl_llm.teacher.config import TeacherConfig
+
+
+def section_block(cls) -> ml_collections.ConfigDict:
+  """A config section with the fields and defaults of the dataclass `cls`
+  (the dataclass documents each field)."""
+  import dataclasses
+
+  block = ml_collections.ConfigDict()
+  for f in dataclasses.fields(cls):
+    block[f.name] = f.default
+  return block
 
 
 def objective_block(method: str) -> ml_collections.ConfigDict:
@@ -46,7 +62,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
 
   # ---- task and data -------------------------------------------------------
   c.task = ml_collections.ConfigDict()
-  c.task.name = "arithmetic"  # arithmetic | countdown | file (prompts from data.path)
+  c.task.name = "arithmetic"  # a task of tasks/registry.py: arithmetic | countdown | file (prompts from data.path)
   c.task.digits = 2  # arithmetic: first operand size in decimal digits
   c.task.digits2 = 1  # arithmetic: second operand size in decimal digits; 0: same as task.digits
   c.task.ops = "+"  # arithmetic: operators drawn, a subset of "+-*"
@@ -61,7 +77,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.data.prompt_key = "prompt"  # row key of the prompt text (a user message for the chat template)
   c.data.answer_key = "answer"  # row key of the reference answer given to the verifier
   c.data.tag_key = ""  # row key of the task tag (teacher.route_by_tag); "": every row is tagged "file"
-  c.data.reward = "auto"  # auto (the task's own) | arithmetic | countdown | math_verify
+  c.data.reward = "auto"  # auto (the task's own) or a reward of tasks/registry.py: arithmetic | countdown | math_verify
   c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
   c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
   c.data.reward_workers = 0  # reward worker processes; 0 scores in the trainer process
@@ -98,6 +114,7 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
 
   # ---- rollout -------------------------------------------------------------
   c.rollout = ml_collections.ConfigDict()
+  c.rollout.engine = "builtin"  # what samples the rollouts: a name of sampling/engine.py's registry
   c.rollout.prompts_per_step = 64  # prompts per RL step
   c.rollout.group_size = 8  # samples per prompt (G)
   c.rollout.max_response_len = 6  # tokens generated per sample (R), EOS included
@@ -141,43 +158,12 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.log.every = 1  # write metrics.jsonl every this many RL steps
   c.log.kl_to_ref = True  # log KL(pi || pi_ref) even when objective.kl_coef = 0 (one extra forward per step)
 
-  # ---- checkpoints and resume (jaxrl_llm/checkpointing) ------------------------
+  # ---- checkpoints and resume: jaxrl_llm/checkpointing/config.py documents each key ----
   # A run whose workdir holds checkpoints resumes from the newest intact one.
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 50  # save every this many RL steps; 0: only at the end (the end is always saved)
-  c.checkpoint.keep_last = 3  # most recent checkpoints kept (>= 1)
-  c.checkpoint.keep_best = 0  # also keep this many best by best_metric; 0 disables
-  c.checkpoint.best_metric = "eval/accuracy"  # metrics key ranking checkpoints (logged when eval.every > 0)
-  c.checkpoint.best_mode = "max"  # max | min: which way best_metric improves
-  c.checkpoint.async_save = True  # write checkpoints in a background thread while training goes on
+  c.checkpoint = section_block(CheckpointConfig)
 
-  # ---- teacher (on-policy distillation, SDPO, SRPO, RLSD; jaxrl_llm/training/teacher.py) ----
-  c.teacher = ml_collections.ConfigDict()
-  c.teacher.source = "none"  # none | sft (warm start + sft_steps on correct demos) | checkpoint | self
-  c.teacher.checkpoint = ""  # source=checkpoint: HF directory or run workdir; same tokenizer as the student
-  # source=checkpoint, one teacher per task tag: "tagA=path1,tagB=path2" (the tag is a built-in task's
-  # name, or a file row's data.tag_key); a sample whose tag is not listed gets no teacher (m_i = 0)
-  c.teacher.route_by_tag = ""  # "": one teacher for every sample (teacher.checkpoint)
-  c.teacher.sft_steps = 300  # source=sft: extra SFT steps on correct demonstrations, from the warm start
-  c.teacher.context = "prompt"  # what the teacher sees before the response: prompt | hint (answer + prompt)
-  c.teacher.hint_template = "{answer}|{prompt}"  # context=hint: the privileged teacher context
-  c.teacher.hint_sft_steps = 0  # source=self, context=hint: warm-start steps teaching the model to read hints
-  c.teacher.schedule = "frozen"  # source=self: teacher weights frozen | current | refresh | ema
-  c.teacher.refresh_every = 10  # schedule=refresh: RL steps between teacher moves
-  c.teacher.ema_decay = 0.9  # schedule=ema: decay d of phi = d phi + (1 - d) theta, in [0, 1)
-  c.teacher.signal = "distill"  # distill (loss form) | gap_advantage | srpo | rlsd
-  c.teacher.divergence = "reverse_kl"  # distill/srpo: reverse_kl | forward_kl | jsd
-  c.teacher.jsd_beta = 0.5  # divergence=jsd: beta in [0, 1] (0 = forward KL, 1 = reverse KL)
-  c.teacher.topk = 0  # distill/srpo: 0 = divergence over the full vocabulary; k in [1, V]: the teacher's top-k
-  c.teacher.topk_tail = "renormalize"  # topk > 0: renormalize (both on the top-k ids) | bucket (+ the rest)
-  c.teacher.coef = 1.0  # weight of the teacher term (loss form) or of the gap (gap_advantage)
-  c.teacher.rl_coef = 0.0  # distill/gap_advantage: weight of the reward advantage (0: pure distillation)
-  c.teacher.sign_gate = False  # SG-OPD: teacher term only where sign(log q(y) - log p(y)) = sign(A); not rlsd
-  c.teacher.eps_w = 0.2  # rlsd: the multiplier is clipped to [1 - eps_w, 1 + eps_w], eps_w in [0, 1)
-  c.teacher.lam = 1.0  # rlsd: lambda, share of the teacher-modulated advantage, in [0, 1]
-  c.teacher.confidence_beta = 0.0  # tau = clip(exp(-beta H(q)), tau_min, tau_max); 0: tau = 1
-  c.teacher.tau_min = 0.0  # lower clip of tau
-  c.teacher.tau_max = 1.0  # upper clip of tau
+  # ---- teacher (on-policy distillation, SDPO, SRPO, RLSD): jaxrl_llm/teacher/config.py ----
+  c.teacher = section_block(TeacherConfig)
 
   # Every knob of the master equation (jaxrl_llm/objectives/config.py documents
   # each one), at the values of the `method` preset; `name` records the preset.

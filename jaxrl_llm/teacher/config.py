@@ -4,7 +4,7 @@
 names the field, the value and what is allowed. ``teacher_preflight`` checks
 what needs the file system and the student's vocabulary (teacher paths exist,
 teachers share the student's vocabulary, ``topk`` <= V); the entry point runs
-it right after the config is read, ``attach`` again before the teacher is
+it right after the config is read (the extension's ``preflight``), before the teacher is
 built, so a bad teacher fails before any RL step.
 """
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from jaxrl_llm.objectives.distill_topk import TAILS as TOPK_TAILS
+from jaxrl_llm.checks import bad, check_choice
+from jaxrl_llm.objectives.distill_topk import TOPK_TAILS
 from jaxrl_llm.objectives.teacher_schedule import KINDS as SCHEDULES
 from jaxrl_llm.objectives.teacher_schedule import TeacherSchedule
 
@@ -22,10 +23,6 @@ CONTEXTS = ("prompt", "hint")
 SIGNALS = ("distill", "gap_advantage", "srpo", "rlsd")
 LOSS_SIGNALS = ("distill", "srpo")  # the signals whose teacher term is a divergence in the loss
 DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
-
-
-def _bad(field, value, allowed):
-  return ValueError(f"config.teacher.{field}={value!r} is invalid: {allowed}")
 
 
 def parse_routes(spec: str) -> tuple[tuple[str, str], ...]:
@@ -40,9 +37,9 @@ def parse_routes(spec: str) -> tuple[tuple[str, str], ...]:
   for entry in spec.split(","):
     tag, sep, path = (s.strip() for s in entry.partition("="))
     if not sep or not tag or not path:
-      raise _bad("route_by_tag", spec, f"entry {entry.strip()!r} must be 'tag=path' (entries separated by ',')")
+      raise bad("config.teacher.route_by_tag", spec, f"entry {entry.strip()!r} must be 'tag=path' (entries separated by ',')")
     if tag in seen:
-      raise _bad("route_by_tag", spec, f"tag {tag!r} appears twice; each tag has one teacher")
+      raise bad("config.teacher.route_by_tag", spec, f"tag {tag!r} appears twice; each tag has one teacher")
     seen.add(tag)
     routes.append((tag, path))
   return tuple(routes)
@@ -50,79 +47,81 @@ def parse_routes(spec: str) -> tuple[tuple[str, str], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class TeacherConfig:
-  """The ``teacher`` section of the run config (keys documented in configs/base.py)."""
+  """The ``teacher`` section of the run config; each field's comment is its documentation."""
 
-  source: str = "none"
-  checkpoint: str = ""
+  source: str = "none"  # none | sft (warm start + sft_steps on correct demos) | checkpoint | self
+  checkpoint: str = ""  # source=checkpoint: HF directory or run workdir; same tokenizer as the student
+  # source=checkpoint, one teacher per task tag: "tagA=path1,tagB=path2" (the tag is a built-in task's
+  # name, or a file row's data.tag_key); a sample whose tag is not listed gets no teacher (m_i = 0).
+  # "": one teacher for every sample (teacher.checkpoint)
   route_by_tag: str = ""
-  sft_steps: int = 300
-  context: str = "prompt"
-  hint_template: str = "{answer}|{prompt}"
-  hint_sft_steps: int = 0
-  schedule: str = "frozen"
-  refresh_every: int = 10
-  ema_decay: float = 0.9
-  signal: str = "distill"
-  divergence: str = "reverse_kl"
-  jsd_beta: float = 0.5
-  topk: int = 0
-  topk_tail: str = "renormalize"
-  coef: float = 1.0
-  rl_coef: float = 0.0
-  sign_gate: bool = False
-  eps_w: float = 0.2
-  lam: float = 1.0
-  confidence_beta: float = 0.0
-  tau_min: float = 0.0
-  tau_max: float = 1.0
+  sft_steps: int = 300  # source=sft: extra SFT steps on correct demonstrations, from the warm start
+  context: str = "prompt"  # what the teacher sees before the response: prompt | hint (answer + prompt)
+  hint_template: str = "{answer}|{prompt}"  # context=hint: the privileged teacher context
+  hint_sft_steps: int = 0  # source=self, context=hint: warm-start steps teaching the model to read hints
+  schedule: str = "frozen"  # source=self: teacher weights frozen | current | refresh | ema
+  refresh_every: int = 10  # schedule=refresh: RL steps between teacher moves
+  ema_decay: float = 0.9  # schedule=ema: decay d of phi = d phi + (1 - d) theta, in [0, 1)
+  signal: str = "distill"  # distill (loss form) | gap_advantage | srpo | rlsd
+  divergence: str = "reverse_kl"  # distill/srpo: reverse_kl | forward_kl | jsd
+  jsd_beta: float = 0.5  # divergence=jsd: beta in [0, 1] (0 = forward KL, 1 = reverse KL)
+  topk: int = 0  # distill/srpo: 0 = divergence over the full vocabulary; k in [1, V]: the teacher's top-k
+  topk_tail: str = "renormalize"  # topk > 0: renormalize (both on the top-k ids) | bucket (+ the rest)
+  coef: float = 1.0  # weight of the teacher term (loss form) or of the gap (gap_advantage)
+  rl_coef: float = 0.0  # distill/gap_advantage: weight of the reward advantage (0: pure distillation)
+  sign_gate: bool = False  # SG-OPD: teacher term only where sign(log q(y) - log p(y)) = sign(A); not rlsd
+  eps_w: float = 0.2  # rlsd: the multiplier is clipped to [1 - eps_w, 1 + eps_w], eps_w in [0, 1)
+  lam: float = 1.0  # rlsd: lambda, share of the teacher-modulated advantage, in [0, 1]
+  confidence_beta: float = 0.0  # tau = clip(exp(-beta H(q)), tau_min, tau_max); 0: tau = 1
+  tau_min: float = 0.0  # lower clip of tau
+  tau_max: float = 1.0  # upper clip of tau
 
   def __post_init__(self):
     for field, value, allowed in (("source", self.source, SOURCES), ("context", self.context, CONTEXTS),
                                   ("schedule", self.schedule, SCHEDULES), ("signal", self.signal, SIGNALS),
                                   ("divergence", self.divergence, DIVERGENCES),
                                   ("topk_tail", self.topk_tail, TOPK_TAILS)):
-      if value not in allowed:
-        raise _bad(field, value, f"allowed {allowed}")
+      check_choice(f"config.teacher.{field}", value, allowed)
     routes = parse_routes(self.route_by_tag)
     if routes and self.source != "checkpoint":
-      raise _bad("route_by_tag", self.route_by_tag, f"routes name teacher checkpoints: needs source='checkpoint' "
+      raise bad("config.teacher.route_by_tag", self.route_by_tag, f"routes name teacher checkpoints: needs source='checkpoint' "
                  f"(source={self.source!r})")
     if routes and self.checkpoint:
-      raise _bad("checkpoint", self.checkpoint, "leave it empty with route_by_tag (the routes name every teacher)")
+      raise bad("config.teacher.checkpoint", self.checkpoint, "leave it empty with route_by_tag (the routes name every teacher)")
     if self.source == "checkpoint" and not (self.checkpoint or routes):
-      raise _bad("checkpoint", self.checkpoint, "source='checkpoint' needs a path (HF directory or run workdir), "
+      raise bad("config.teacher.checkpoint", self.checkpoint, "source='checkpoint' needs a path (HF directory or run workdir), "
                  "or teacher.route_by_tag")
     if self.source in ("sft", "checkpoint") and self.schedule != "frozen":
-      raise _bad("schedule", self.schedule, "an external teacher is frozen; schedules apply to source='self'")
+      raise bad("config.teacher.schedule", self.schedule, "an external teacher is frozen; schedules apply to source='self'")
     if self.source == "self" and self.context == "prompt" and self.schedule == "current":
-      raise _bad("context", self.context, "the current student on the student's own context is the "
+      raise bad("config.teacher.context", self.context, "the current student on the student's own context is the "
                  "student itself (zero gap); use context='hint' or another schedule")
     for field in ("sft_steps", "hint_sft_steps", "topk"):
       value = getattr(self, field)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(field, value, "an int >= 0")
+        raise bad(f"config.teacher.{field}", value, "an int >= 0")
     if self.topk and self.signal not in LOSS_SIGNALS:
-      raise _bad("topk", self.topk, f"the teacher's top-k enters the loss forms, signal in {LOSS_SIGNALS} "
+      raise bad("config.teacher.topk", self.topk, f"the teacher's top-k enters the loss forms, signal in {LOSS_SIGNALS} "
                  f"(signal={self.signal!r} uses only the sampled token); 0 = full vocabulary")
     if not isinstance(self.sign_gate, bool):
-      raise _bad("sign_gate", self.sign_gate, "a bool")
+      raise bad("config.teacher.sign_gate", self.sign_gate, "a bool")
     if self.sign_gate and self.signal == "rlsd":
-      raise _bad("sign_gate", self.sign_gate, "signal='rlsd' already takes its direction from the reward "
+      raise bad("config.teacher.sign_gate", self.sign_gate, "signal='rlsd' already takes its direction from the reward "
                  "(eq. 38); the sign gate applies to distill, gap_advantage and srpo")
     if "{prompt}" not in self.hint_template or "{answer}" not in self.hint_template:
-      raise _bad("hint_template", self.hint_template, "must contain {answer} and {prompt}")
+      raise bad("config.teacher.hint_template", self.hint_template, "must contain {answer} and {prompt}")
     if not 0.0 <= self.jsd_beta <= 1.0:
-      raise _bad("jsd_beta", self.jsd_beta, "allowed [0, 1] (0 = forward KL, 1 = reverse KL)")
+      raise bad("config.teacher.jsd_beta", self.jsd_beta, "allowed [0, 1] (0 = forward KL, 1 = reverse KL)")
     if not self.coef >= 0.0 or not self.rl_coef >= 0.0:
-      raise _bad("coef/rl_coef", (self.coef, self.rl_coef), "both must be >= 0")
+      raise bad("config.teacher.coef/rl_coef", (self.coef, self.rl_coef), "both must be >= 0")
     if not 0.0 <= self.eps_w < 1.0:
-      raise _bad("eps_w", self.eps_w, "allowed [0, 1)")
+      raise bad("config.teacher.eps_w", self.eps_w, "allowed [0, 1)")
     if not 0.0 <= self.lam <= 1.0:
-      raise _bad("lam", self.lam, "allowed [0, 1]")
+      raise bad("config.teacher.lam", self.lam, "allowed [0, 1]")
     if not self.confidence_beta >= 0.0:
-      raise _bad("confidence_beta", self.confidence_beta, "must be >= 0 (0 disables tau)")
+      raise bad("config.teacher.confidence_beta", self.confidence_beta, "must be >= 0 (0 disables tau)")
     if not 0.0 <= self.tau_min <= self.tau_max:
-      raise _bad("tau_min/tau_max", (self.tau_min, self.tau_max), "need 0 <= tau_min <= tau_max")
+      raise bad("config.teacher.tau_min/tau_max", (self.tau_min, self.tau_max), "need 0 <= tau_min <= tau_max")
     if self.schedule != "frozen":  # build the schedule now so its own checks run before training
       TeacherSchedule(self.schedule, self.refresh_every, self.ema_decay)
 
@@ -156,12 +155,12 @@ class TeacherConfig:
 # ---- pre-flight: what needs the file system ------------------------------------------
 
 def student_vocab_size(model_spec) -> int:
-  """V of the student's output head, as training/setup.py will build it (no weights read)."""
+  """V of the student's output head, as the trainer will build it (no weights read)."""
   if model_spec.hf_path:
     from jaxrl_llm.model import hf_io
     from jaxrl_llm.model.hf_config import config_from_hf
     return config_from_hf(hf_io.read_hf_config(model_spec.hf_path)).vocab_size
-  from jaxrl_llm.tasks.tokenizer import CharTokenizer
+  from jaxrl_llm.model.tokenizer import CharTokenizer
   return CharTokenizer().vocab_size
 
 
@@ -193,7 +192,7 @@ def teacher_preflight(run_cfg) -> None:
     return
   vocab = student_vocab_size(run_cfg.model)
   if cfg.topk > vocab:
-    raise _bad("topk", cfg.topk, f"allowed [0, {vocab}] (at most the student's vocabulary V={vocab}; "
+    raise bad("config.teacher.topk", cfg.topk, f"allowed [0, {vocab}] (at most the student's vocabulary V={vocab}; "
                "0 = full vocabulary)")
   for field, path in cfg.checkpoint_paths():
     if not os.path.isdir(path):

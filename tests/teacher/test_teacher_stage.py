@@ -10,7 +10,7 @@ import pytest
 
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.objectives import distill, teacher as teacher_w
-from jaxrl_llm.training import teacher as tlib
+from jaxrl_llm import teacher as tlib
 from teacher_helpers import CFG, P_LEN, R_LEN, TOK, StepState, loss_context, make_samples, tiny_params
 
 _samples, _params = make_samples, tiny_params

@@ -14,7 +14,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO, load_config, shrink
+from run_helpers import REPO, load_config, shrink
 from teacher_helpers import CFG, P_LEN, TOK, tiny_params
 
 from jaxrl_llm.objectives import teacher as teacher_w
@@ -23,9 +23,9 @@ from jaxrl_llm.tasks.arithmetic import ArithmeticTask
 from jaxrl_llm.tasks.countdown import CountdownTask
 from jaxrl_llm.tasks.files import FileTask
 from jaxrl_llm.tasks.math_reward import math_verify_reward
-from jaxrl_llm.training import teacher as tlib
+from jaxrl_llm import teacher as tlib
 from jaxrl_llm.training.config import from_config_dict
-from jaxrl_llm.training.teacher_config import teacher_preflight
+from jaxrl_llm.teacher.config import teacher_preflight
 
 # A hand-made batch of 4 samples x 3 tokens. Row 3's tag has no teacher (m = 0);
 # token (1, 2) is padding. The stage's signals are 0 off the mask and off the teacher.
@@ -178,6 +178,6 @@ def test_examples_carry_their_task_tag(tmp_path):
   missing = FileTask(path=str(f), reward_fn=math_verify_reward, prompt_key="q", answer_key="a", tag_key="topic")
   with pytest.raises(ValueError, match=r"d\.jsonl:1: line 1 has no 'topic' key.*data\.tag_key"):
     missing.examples("train", 8)
-  from jaxrl_llm.training.data import encode_prompts
+  from jaxrl_llm.tasks.pipeline import encode_prompts
   pb = encode_prompts(TOK, tagged.examples("train", 4), 8)
   assert pb.tags == tuple(e.tag for e in tagged.examples("train", 4))

@@ -8,9 +8,9 @@ import numpy as np
 
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.tasks.base import Example
-from jaxrl_llm.tasks.tokenizer import CharTokenizer
-from jaxrl_llm.training.data import encode_prompts
-from jaxrl_llm.training.logprobs import response_hidden
+from jaxrl_llm.model.tokenizer import CharTokenizer
+from jaxrl_llm.tasks.pipeline import encode_prompts
+from jaxrl_llm.model.logprobs import response_hidden
 
 TOK = CharTokenizer()
 CFG = model_lib.ModelConfig.tiny(TOK.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,

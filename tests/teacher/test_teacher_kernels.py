@@ -24,7 +24,7 @@ from jaxrl_llm import model as model_lib
 from jaxrl_llm.objectives import distill
 from jaxrl_llm.objectives import teacher as teacher_w
 from jaxrl_llm.objectives.distill_topk import topk_support
-from jaxrl_llm.training import teacher as tlib
+from jaxrl_llm import teacher as tlib
 
 IMPLS = ("naive", "xla_chunked")
 TEMP = 0.8  # != 1: both sides are tempered

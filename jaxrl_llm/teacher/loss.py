@@ -38,7 +38,7 @@ from jaxrl_llm import model as model_lib
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.objectives import distill
 from jaxrl_llm.objectives.distill_topk import topk_support, topk_support_gathered
-from jaxrl_llm.training.logprobs import full_logprobs, kernel_options
+from jaxrl_llm.model.logprobs import full_logprobs, kernel_options
 
 # extra_BR keys of the loss forms.
 WEIGHT = "teacher_weight_BR"  # f32 [B, R] coef * z * tau (* sign gate); 0 turns the teacher off
@@ -97,7 +97,7 @@ class DistillTerm:
         d_BR = self.divergence_BR(ctx.hidden_BRD, w_DV, extra[HIDDEN], ctx.aux[head_key(n)], on_BR)
         div_BR = div_BR + jnp.where(on_BR, d_BR, 0.0)
     return distill.distill_loss(div_BR, mask_BR, aggregation=self.aggregation, norms=ctx.norms,
-                                weight_BT=weight_BR)
+                                weight_BR=weight_BR)
 
   def divergence_BR(self, hidden_BRD, w_DV, teacher_hidden_BRE, teacher_head_EV, on_BR):
     """D(p, q) per token against the full teacher distribution; 0 where ``on_BR`` is False."""

@@ -5,7 +5,7 @@ student over the rollouts and keeps per token, on the host, only [B, R]
 signals from the kernels (``kernels.impl``): log q(y_t), log p(y_t), the gap
 Delta_t (eq. 33), H(q_t) (eq. 55) and KL(p_t || q_t); plus, for the loss
 forms, the teacher's final hidden states [B, R, E] (or its top-k ids and
-log-probs [B, R, K]), from which the update rebuilds q (teacher_loss.py). No
+log-probs [B, R, K]), from which the update rebuilds q (loss.py). No
 [B, R, V] array leaves the device.
 
 ``TeacherStage.apply`` turns the signals into advantages and the loss term's
@@ -27,10 +27,10 @@ from jaxrl_llm.objectives import teacher as teacher_w, teacher_routing
 from jaxrl_llm.objectives.teacher_inputs import build_teacher_inputs, gather_predictions
 from jaxrl_llm.objectives.teacher_schedule import TeacherSchedule, teacher_params_for_step
 from jaxrl_llm.tasks.base import Example
-from jaxrl_llm.training import teacher_loss
-from jaxrl_llm.training.data import encode_prompts, prompt_text
-from jaxrl_llm.training.logprobs import kernel_options, response_hidden
-from jaxrl_llm.training.teacher_config import TeacherConfig
+from jaxrl_llm.teacher import loss as teacher_loss
+from jaxrl_llm.tasks.pipeline import encode_prompts, prompt_text
+from jaxrl_llm.model.logprobs import kernel_options, response_hidden
+from jaxrl_llm.teacher.config import TeacherConfig
 
 
 def hint_examples(examples, template: str) -> list[Example]:
@@ -132,7 +132,7 @@ class TeacherStage:
     self._moved_for_step = None
 
   def heads(self, state) -> dict:
-    """The update's aux: each teacher's output head [E, V] (an aux provider of the Trainer).
+    """The update's aux: each teacher's output head [E, V] (the extension's `aux`).
 
     Moves a self-teacher first, so the head is the one that scores this step
     whichever runs first. A copy: a ``current`` teacher's head is the

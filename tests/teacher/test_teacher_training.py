@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import load_config, make_trainer, shrink
+from run_helpers import load_config, make_trainer, shrink
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
 
@@ -65,7 +65,7 @@ def test_routed_topk_sign_gated_distillation_trains(tmp_path, quiet_log):
   import jax
   from jaxrl_llm import model as model_lib
   from jaxrl_llm.model import hf_io
-  from jaxrl_llm.tasks.tokenizer import CharTokenizer
+  from jaxrl_llm.model.tokenizer import CharTokenizer
 
   tcfg = model_lib.ModelConfig.tiny(CharTokenizer().vocab_size, d_model=48, n_layers=1, n_heads=2, n_kv_heads=1,
                                     head_dim=24, d_ff=64)

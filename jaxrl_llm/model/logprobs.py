@@ -18,7 +18,7 @@ from jaxrl_llm import model as model_lib
 
 
 @struct.dataclass
-class TokenLogprobs:
+class ResponseLogprobs:
   logp_BR: jax.Array  # f32 [B, R], log pi(y_t | prefix) at the sampling temperature
   entropy_BR: jax.Array  # f32 [B, R], entropy of pi(. | prefix)
   hidden_BRD: jax.Array  # [B, R, D], the final hidden state that predicts token t (value head input)
@@ -75,10 +75,10 @@ def full_logprobs(hidden_BRD, w_DV, *, temperature: float):
 
 
 def response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
-                      *, temperature: float, impl: str) -> TokenLogprobs:
+                      *, temperature: float, impl: str) -> ResponseLogprobs:
   hidden_BRD = response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR)
   B, R, D = hidden_BRD.shape
   logp_N, entropy_N = head_logprobs(hidden_BRD.reshape(B * R, D), model_lib.lm_head(params, model_cfg),
                                     response_BR.reshape(B * R), temperature=temperature, impl=impl)
-  return TokenLogprobs(logp_BR=logp_N.reshape(B, R), entropy_BR=entropy_N.reshape(B, R),
+  return ResponseLogprobs(logp_BR=logp_N.reshape(B, R), entropy_BR=entropy_N.reshape(B, R),
                        hidden_BRD=hidden_BRD)

@@ -1,0 +1,181 @@
+"""The rollout-engine contract: whatever samples the tokens (mu, spec 002 section 1).
+
+A rollout engine turns a batch of prompts into G samples per prompt and
+returns them as a `RolloutBatch`, with the behaviour log-probs log mu of
+the sampled tokens (and mu's top-k when `record_topk` asks for it):
+
+    engine.sync(params, version)     # the weights to sample with from now on
+    batch = engine.generate(prompts, key)
+    engine.close()
+
+The built-in engine (`JaxSampler`, name "builtin") is the jitted KV-cache
+sampler of this package (`sampling.generate`), run on the trainer's mesh.
+Engines are chosen by name (`config.rollout.engine`) from the registry at
+the end of this file; a new engine is a class with the three methods above
+and one `register_engine` line.
+
+`Rollout` (sampling/rollout.py) is what one `generate` call returns on the
+device, one row per sample with its prompt's row index. A `RolloutBatch` is
+the trainer's record of a step's samples: the prompts repeated per sample,
+the texts the verifier reads, and the sampled arrays. The arrays the host
+needs (tokens, masks, lengths: decoding, rewards, filters) are numpy; the
+log-probs only the update reads stay on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.sampling import generate as generate_lib
+from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.loop import cast_params
+from jaxrl_llm.sampling.rollout import FINISH_LENGTH
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+  """B = prompts x G samples, a prompt's samples consecutive."""
+
+  prompt_BP: np.ndarray  # int32 [B, P] left-padded prompt of each sample
+  prompt_mask_BP: np.ndarray  # bool [B, P]
+  tokens_BR: np.ndarray  # int32 [B, R] response tokens, pad after the finish
+  mask_BR: np.ndarray  # bool [B, R] the sampled tokens (EOS included)
+  behav_logp_BR: jax.Array  # f32 [B, R] log mu(y_t), on the device
+  truncated_B: np.ndarray  # bool [B]: cut at max_response_len without EOS
+  length_B: np.ndarray  # int32 [B]: response tokens (EOS included)
+  topk_ids_BRK: jax.Array  # int32 [B, R, K] mu's K most likely ids, K = record_topk (0: empty), on the device
+  topk_logp_BRK: jax.Array  # f32 [B, R, K] log mu at those ids, on the device
+  prompts: tuple[str, ...]  # [B]
+  answers: tuple[str, ...]  # [B]
+  tags: tuple[str, ...]  # [B] task tags (Example.tag)
+  responses: tuple[str, ...]  # [B] decoded text up to EOS
+
+  @staticmethod
+  def concat(parts: list["RolloutBatch"]) -> "RolloutBatch":
+    """The rows of several batches, in order."""
+    out = {}
+    for f in dataclasses.fields(RolloutBatch):
+      vals = [getattr(p, f.name) for p in parts]
+      if isinstance(vals[0], tuple):
+        out[f.name] = sum(vals, ())
+      elif isinstance(vals[0], np.ndarray):
+        out[f.name] = np.concatenate(vals, axis=0)
+      else:
+        out[f.name] = jnp.concatenate(vals, axis=0)
+    return RolloutBatch(**out)
+
+  def select(self, rows: np.ndarray) -> "RolloutBatch":
+    """The given rows, in the given order."""
+    out = {}
+    for f in dataclasses.fields(RolloutBatch):
+      v = getattr(self, f.name)
+      out[f.name] = tuple(v[i] for i in rows) if isinstance(v, tuple) else v[rows]
+    return RolloutBatch(**out)
+
+
+class RolloutEngine(Protocol):
+  """What samples the rollouts (the behaviour policy mu)."""
+
+  def sync(self, params: Any, version: int) -> None:
+    """From now on, sample with `params` (the policy of step `version`)."""
+
+  def generate(self, prompts, key: jax.Array) -> RolloutBatch:
+    """G samples for each prompt of a `tasks.pipeline.PromptBatch`; `key` fixes the draws."""
+
+  def close(self) -> None:
+    """Release what the engine holds (processes, connections)."""
+
+
+def sampler_view(params, model_cfg: ModelConfig, scfg: SamplingConfig):
+  """(params, model config) as the sampler runs them: cast to `scfg.dtype` when set.
+
+  A recompute of mu (TRM's token KL) runs this view so that it sees the
+  distribution the tokens were sampled from.
+  """
+  return cast_params(params, scfg.dtype), generate_lib.sampler_model_config(model_cfg, scfg)
+
+
+def sample_batch(params, model_cfg: ModelConfig, prompts, scfg: SamplingConfig, key, tokenizer,
+                 batch_sharding=None) -> RolloutBatch:
+  """The built-in sampler on one PromptBatch (rows split over `batch_sharding`)."""
+  tokens_BP, mask_BP = prompts.tokens_BP, prompts.mask_BP
+  if batch_sharding is not None:
+    tokens_BP, mask_BP = jax.device_put((tokens_BP, mask_BP), batch_sharding)
+  ro = generate_lib.generate(params, model_cfg, tokens_BP, mask_BP, scfg, key)
+  # The host needs the tokens (decoding, rewards) and the masks; log mu stays on the device.
+  tokens_BR, mask_BR, finish_B, length_B, idx = jax.device_get(
+      (ro.tokens_BR, ro.mask_BR, ro.finish_reason_B, ro.length_B, ro.prompt_index_B))
+  G, K = scfg.n_samples, scfg.record_topk
+  tokens_BR = np.asarray(tokens_BR, np.int32)
+  B, R = tokens_BR.shape
+  idx = np.asarray(idx)
+  return RolloutBatch(
+      prompt_BP=np.repeat(prompts.tokens_BP, G, axis=0), prompt_mask_BP=np.repeat(prompts.mask_BP, G, axis=0),
+      tokens_BR=tokens_BR, mask_BR=np.asarray(mask_BR, bool), behav_logp_BR=ro.behav_logp_BR.astype(jnp.float32),
+      truncated_B=np.asarray(finish_B) == FINISH_LENGTH, length_B=np.asarray(length_B, np.int32),
+      topk_ids_BRK=ro.topk_ids_BRK.astype(jnp.int32) if K else jnp.zeros((B, R, 0), jnp.int32),
+      topk_logp_BRK=ro.topk_logp_BRK.astype(jnp.float32) if K else jnp.zeros((B, R, 0), jnp.float32),
+      prompts=tuple(prompts.prompts[i] for i in idx), answers=tuple(prompts.answers[i] for i in idx),
+      tags=tuple(prompts.tags[i] for i in idx), responses=tuple(tokenizer.decode(row) for row in tokens_BR))
+
+
+class JaxSampler:
+  """The built-in engine: the jitted sampler on the trainer's devices.
+
+  `sync` keeps a reference to the params (no copy): the trainer hands it the
+  policy, or a snapshot k steps old under `rollout.staleness`.
+  """
+
+  def __init__(self, *, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tokenizer, batch_sharding=None):
+    self.model_cfg, self.sampling_cfg, self.tokenizer = model_cfg, sampling_cfg, tokenizer
+    self.batch_sharding = batch_sharding
+    self.params, self.version = None, -1
+
+  def sync(self, params, version: int) -> None:
+    self.params, self.version = params, version
+
+  def generate(self, prompts, key) -> RolloutBatch:
+    if self.params is None:
+      raise RuntimeError("JaxSampler.generate before sync: the engine has no weights yet")
+    return sample_batch(self.params, self.model_cfg, prompts, self.sampling_cfg, key, self.tokenizer,
+                        self.batch_sharding)
+
+  def close(self) -> None:
+    self.params = None
+
+
+# ---- the registry ------------------------------------------------------------------
+
+# factory(model_cfg=, sampling_cfg=, tokenizer=, batch_sharding=, run_cfg=) -> RolloutEngine
+EngineFactory = Callable[..., RolloutEngine]
+_ENGINES: dict[str, EngineFactory] = {}
+
+
+def register_engine(name: str, factory: EngineFactory) -> None:
+  if name in _ENGINES:
+    raise ValueError(f"rollout engine {name!r} is registered already")
+  _ENGINES[name] = factory
+
+
+def engine_names() -> tuple[str, ...]:
+  return tuple(_ENGINES)
+
+
+def make_engine(name: str, **kwargs) -> RolloutEngine:
+  return _ENGINES[name](**kwargs)
+
+
+def _builtin(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg=None) -> JaxSampler:
+  del run_cfg  # everything the built-in sampler needs is in the sampling config
+  return JaxSampler(model_cfg=model_cfg, sampling_cfg=sampling_cfg, tokenizer=tokenizer,
+                    batch_sharding=batch_sharding)
+
+
+register_engine("builtin", _builtin)

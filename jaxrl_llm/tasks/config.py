@@ -1,0 +1,58 @@
+"""The run config's `task` and `data` sections (keys documented in
+jaxrl_llm/training/defaults.py). Task and reward names come from
+tasks/registry.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxrl_llm.checks import bad, check_bool, check_choice, check_float, check_int
+from jaxrl_llm.tasks import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  name: str
+  digits: int
+  digits2: int
+  ops: str
+  n_numbers: int
+  max_number: int
+  eval_fraction: float
+  n_train: int
+
+  def __post_init__(self):
+    check_choice("config.task.name", self.name, registry.task_names())
+    check_int("config.task.digits", self.digits, 1, 9)
+    check_int("config.task.digits2", self.digits2, 0, 9)
+    check_int("config.task.n_numbers", self.n_numbers, 2, 6)
+    check_int("config.task.max_number", self.max_number, 2, 99)
+    check_float("config.task.eval_fraction", self.eval_fraction, 0.0, 0.5, low_open=True)
+    check_int("config.task.n_train", self.n_train, 1)
+    if not self.ops or any(o not in "+-*" for o in self.ops):
+      raise bad("config.task.ops", self.ops, "a non-empty subset of '+-*'")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  path: str
+  eval_path: str
+  prompt_key: str
+  answer_key: str
+  tag_key: str
+  reward: str
+  format_weight: float
+  reward_timeout_s: float
+  reward_workers: int
+  max_prompt_len: int
+  chat_template: bool
+
+  def __post_init__(self):
+    if not isinstance(self.tag_key, str):
+      raise bad("config.data.tag_key", self.tag_key, "a row key (str); empty: every row is tagged 'file'")
+    check_choice("config.data.reward", self.reward, registry.reward_names())
+    check_float("config.data.format_weight", self.format_weight, 0.0, 1.0)
+    check_float("config.data.reward_timeout_s", self.reward_timeout_s, 0.0, 3600.0, low_open=True)
+    check_int("config.data.reward_workers", self.reward_workers, 0, 256)
+    check_int("config.data.max_prompt_len", self.max_prompt_len, 1)
+    check_bool("config.data.chat_template", self.chat_template)

@@ -1,0 +1,51 @@
+"""What every stage of an RL step reads: one frozen `StepContext`, built once by the loop.
+
+The stages (training/step.py and the modules it calls) are functions of
+(context, state, batch); none of them receives the Trainer. What changes
+during a run is in the `TrainState` pytree; what the context holds does not
+change once RL starts: configs, the mesh and its batch sharding, the
+tokenizer, the reward runner, the prompt pipeline (an iterator whose
+position is part of the state), the rollout engine, the compiled update, the
+learning-rate schedule and the extensions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.model import ModelConfig
+from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.engine import RolloutEngine
+from jaxrl_llm.tasks.pipeline import PromptPipeline
+from jaxrl_llm.tasks.rewards import RewardRunner
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+  cfg: Any  # training.config.RunConfig
+  model_cfg: ModelConfig
+  mesh: jax.sharding.Mesh
+  batch_sharding: jax.sharding.NamedSharding  # leading (batch) axis over data x fsdp
+  replicated: jax.sharding.NamedSharding
+  tokenizer: Any
+  runner: RewardRunner  # the verifier (tasks/rewards.py)
+  pipeline: PromptPipeline  # the next step's prompts
+  sampling_cfg: SamplingConfig  # how the engine samples (mu's processing)
+  engine: RolloutEngine  # what samples the rollouts (sampling/engine.py)
+  update_fn: Callable  # jit(update_step): (params, opt, vparams, vopt, batch, aux) -> (..., metrics)
+  lr_schedule: Callable[[int], Any]  # optimizer update count -> learning rate
+  extensions: tuple = ()  # jaxrl_llm.extension.Extension, in call order
+
+  def updates_done(self, state) -> int:
+    """Optimizer updates taken before `state`'s next step."""
+    return int(state.step) * self.cfg.train.epochs * self.cfg.train.mini_batches
+
+
+def snapshot(params):
+  """A copy of params (the update donates its inputs, a snapshot must outlive them)."""
+  return jax.tree.map(jnp.copy, params)
