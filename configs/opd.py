@@ -15,7 +15,7 @@ from jaxrl_llm.training.defaults import get_config as _base
 
 
 def get_config():
-  c = _base("grpo")  # the reward branch (rl_coef > 0) is GRPO's
+  c = _base("grpo", name="opd")  # the reward branch (rl_coef > 0) is GRPO's
   c.teacher.source = "sft"
   c.teacher.signal = "distill"
   c.teacher.divergence = "reverse_kl"

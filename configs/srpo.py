@@ -10,7 +10,7 @@ from jaxrl_llm.training.defaults import get_config as _base
 
 
 def get_config():
-  c = _base("grpo")
+  c = _base("grpo", name="srpo")
   c.teacher.source = "self"
   c.teacher.context = "hint"
   c.teacher.hint_sft_steps = 200

@@ -91,6 +91,7 @@ def _recorded_hf_source(meta: dict) -> str | None:
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jaxrl_llm.convert", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
   sub = parser.add_subparsers(dest="command", required=True)
   a = sub.add_parser("hf_to_orbax", help="Hugging Face directory -> Orbax checkpoint")
   a.add_argument("--hf_dir", required=True)
@@ -116,4 +117,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from jaxrl_llm import cli
+
+  sys.exit(cli.guard(main))

@@ -128,7 +128,8 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
   from jaxrl_llm.training.loop import Trainer  # pylint: disable=import-outside-toplevel
   for k in ks:
     if not 1 <= k <= n_samples:
-      raise ValueError(f"--k={k}: expected 1 <= k <= --n_samples={n_samples}")
+      from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
+      raise ConfigError(f"--k={k}: expected 1 <= k <= --n_samples={n_samples}")
   cfg = load_run_config(workdir, config_override)
   trainer = Trainer(cfg, workdir, log=log)
   target = trainer.init_state(jax.random.key(cfg.seed)).params
@@ -143,6 +144,9 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
   out = {}
   for step in todo:
     found, params = mngr.restore_subtree("params", target, step)
+    if step is None and found != mngr.latest_step():
+      log(f"warning: the newest checkpoint (step {mngr.latest_step()}) is damaged; evaluated step {found}, "
+          "the newest intact one")
     correct, reward, length, truncated = trainer.evaluator.greedy_outcomes(params, examples)
     sampled = trainer.evaluator.sampled_correct(params, examples, n_samples) if n_samples else None
     out[found] = summarize(EvalOutcomes(correct, reward, length, truncated, sampled), ks)
@@ -164,19 +168,28 @@ def main(argv):
   import json  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
 
-  from absl import flags  # pylint: disable=import-outside-toplevel
+  from absl import flags, logging  # pylint: disable=import-outside-toplevel
   del argv
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
   f = flags.FLAGS
   if f.all_steps and f.step is not None:
-    raise ValueError("--step and --all_steps exclude each other: pick one")
+    from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
+    raise ConfigError("--step and --all_steps exclude each other: pick one")
   steps = "all" if f.all_steps else f.step
-  ks = tuple(int(k) for k in f.k) if f.k else ()
+  ks = ()
+  for k in f.k or ():
+    if not k.strip().isdigit() or int(k) < 1:
+      from jaxrl_llm.checks import bad  # pylint: disable=import-outside-toplevel
+      raise bad("--k", ",".join(f.k), "a comma-separated list of ints >= 1 (each <= --n_samples), e.g. --k=1,4")
+    ks += (int(k),)
   results = evaluate_steps(f.workdir, steps, config_override=f.config, data_path=f.data,
                            n_samples=f.n_samples, ks=ks)
   print(format_table(results))
   out = f.out
   if not out:
-    name = "curve.json" if steps == "all" else f"step_{next(iter(results))}.json"
+    # Greedy-only and sampled evaluations of one step go to different files.
+    suffix = f"_n{f.n_samples}" if f.n_samples else ""
+    name = f"curve{suffix}.json" if steps == "all" else f"step_{next(iter(results))}{suffix}.json"
     out = os.path.join(f.workdir, "eval", name)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as fh:
@@ -197,6 +210,9 @@ if __name__ == "__main__":
                       "run's held-out split")
   flags.DEFINE_integer("n_samples", 0, "sampled answers per prompt for pass@k / mean@k; 0: greedy only")
   flags.DEFINE_list("k", [], "k values of pass@k (each <= n_samples)")
-  flags.DEFINE_string("out", "", "output JSON; default <workdir>/eval/step_<N>.json or curve.json")
+  flags.DEFINE_string("out", "", "output JSON; default <workdir>/eval/step_<N>.json or curve.json "
+                      "(step_<N>_n<n_samples>.json with --n_samples)")
   flags.mark_flag_as_required("workdir")
-  app.run(main)
+  from jaxrl_llm import cli  # pylint: disable=import-outside-toplevel
+  cli.define_debug_flag()
+  cli.run(main)

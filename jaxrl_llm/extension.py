@@ -51,10 +51,10 @@ class SetupEnv:
   tokenizer: Any
   mesh: Any  # jax.sharding.Mesh
   train_examples: Sequence[Any]  # tasks.base.Example of the training split
-  # sft(params, examples, steps, max_prompt_len=None) -> params: the warm
-  # start's supervised trainer (seed + 1, so its batches differ from the warm
-  # start's; it may donate its input: pass a copy). max_prompt_len: None is
-  # data.max_prompt_len.
+  # sft(params, examples, steps, max_prompt_len=None, label="") -> params: the
+  # warm start's supervised trainer (seed + 1, so its batches differ from the
+  # warm start's; it may donate its input: pass a copy). max_prompt_len: None
+  # is data.max_prompt_len; label prefixes its log lines.
   sft: Callable[..., Any]
   log: Callable[[str], None]
 

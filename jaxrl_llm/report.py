@@ -204,4 +204,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("out", "", "output PNG; default <workdir>/report.png, or "
                       "compare.png in the common parent of several workdirs")
   flags.mark_flag_as_required("workdir")
-  app.run(main)
+  from jaxrl_llm import cli  # pylint: disable=import-outside-toplevel
+  cli.define_debug_flag()
+  cli.run(main)

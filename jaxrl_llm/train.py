@@ -15,8 +15,13 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxrl_llm import cli
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/<method>.py file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory; default <workdir_root>/<method>-<UTC time>")
+_ALLOW_CHANGE = flags.DEFINE_bool("allow_config_change", False, "resume a workdir whose saved config differs in "
+                                  "result-changing keys (the change is recorded in config_history.jsonl)")
+cli.define_debug_flag()
 
 
 def default_workdir(root: str, method: str) -> str:
@@ -37,9 +42,10 @@ def main(argv):
   cfg = from_config_dict(_CONFIG.value)
   for ext in extensions_for(cfg):  # e.g. teacher paths, vocabulary and topk, before any model is built
     ext.preflight(cfg)
-  workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.method)
-  print(f"method {cfg.method} -> {workdir}")
-  summary = Trainer(cfg, workdir).run()
+  workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.run_name)
+  what = cfg.method if cfg.run_name == cfg.method else f"{cfg.run_name} (objective {cfg.method})"
+  print(f"method {what} -> {workdir}")
+  summary = Trainer(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value).run()
   print(json.dumps(summary, indent=2))
   print(f"eval accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
         f"({summary['eval_gain']:+.3f}) in {summary['run_time_s']:.0f} s; summary: "
@@ -47,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -147,5 +147,5 @@ def test_add_an_extension(tmp_path, quiet_log):
   assert int(first.calls) == 2
   again = ZeroAdvantage()
   c3 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=3))
-  make_trainer(c3, tmp_path / "resume", quiet_log, extensions=[again]).run()
+  make_trainer(c3, tmp_path / "resume", quiet_log, extensions=[again], allow_config_change=True).run()
   assert int(again.calls) == 3  # 2 restored + 1 step after the resume

@@ -148,3 +148,68 @@ def _definitions():
 def test_one_definition_per_name():
   twice = {n: ms for n, ms in _definitions().items() if len(ms) > 1 and n != "main"}
   assert not twice
+
+
+# ---- the base install provides every runtime import -----------------------------------
+
+# Imported only by an optional feature, with an error saying what to install.
+OPTIONAL_IMPORTS = {"pyarrow": "parquet data files (tasks/files.py)"}
+
+
+def _third_party_imports() -> dict[str, list[str]]:
+  import sys
+
+  out = collections.defaultdict(list)
+  for m, path in MODULES.items():
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, ast.Import):
+        roots = [a.name.split(".")[0] for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        roots = [node.module.split(".")[0]]
+      else:
+        continue
+      for r in roots:
+        if r not in sys.stdlib_module_names and r != "jaxrl_llm":
+          out[r].append(m)
+  return out
+
+
+def _base_install() -> set[str]:
+  """Distributions (normalised names) of pyproject's [project].dependencies and everything they require."""
+  import importlib.metadata as md
+  import re
+  import tomllib
+
+  from packaging.requirements import Requirement
+
+  def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+  with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+    todo = [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+  seen = set()
+  while todo:
+    req = todo.pop()
+    name = norm(req.name)
+    if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+      continue  # seen, or not installed here (another Python, or an extra of that package)
+    seen.add(name)
+    todo.extend(Requirement(r) for r in md.requires(name) or [])
+  return seen
+
+
+def test_runtime_imports_come_from_the_base_install():
+  import importlib.metadata as md
+  import re
+
+  provided = _base_install()
+  dists = md.packages_distributions()
+  missing = {}
+  for module, users in _third_party_imports().items():
+    owners = {re.sub(r"[-_.]+", "-", d).lower() for d in dists.get(module, [])}
+    if module in OPTIONAL_IMPORTS:
+      continue
+    if not owners & provided:
+      missing[module] = sorted(set(users))[:3]
+  assert "jax" in provided and "ml-dtypes" in provided  # the closure is read, with what jax requires
+  assert not missing, f"imported by the package but not in its base install: {missing}"

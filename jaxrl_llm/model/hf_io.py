@@ -27,6 +27,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import params as params_lib
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
@@ -103,6 +104,15 @@ def read_hf_config(path: str) -> dict:
     return json.load(f)
 
 
+def _open(fname: str):
+  """safe_open, with an error that names the file when it cannot be read (truncated, not safetensors)."""
+  try:
+    return safe_open(fname, framework="numpy")
+  except Exception as e:  # safetensors raises its own SafetensorError
+    raise ConfigError(f"{fname}: cannot read this safetensors file ({e}); is it truncated or "
+                      "not a safetensors file?") from None
+
+
 def _weight_files(path: str) -> dict[str, str]:
   """tensor name -> safetensors file, from the index or the single file."""
   index = os.path.join(path, "model.safetensors.index.json")
@@ -114,7 +124,7 @@ def _weight_files(path: str) -> dict[str, str]:
   if not os.path.isfile(single):
     raise FileNotFoundError(
         f"{path}: neither model.safetensors nor model.safetensors.index.json exists")
-  with safe_open(single, framework="numpy") as f:
+  with _open(single) as f:
     return {name: single for name in f.keys()}
 
 
@@ -125,7 +135,7 @@ _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
 def _validate(cfg: ModelConfig, files: dict[str, str], table: list[_Entry]) -> None:
   shapes = {}
   for fname in sorted(set(files.values())):
-    with safe_open(fname, framework="numpy") as f:
+    with _open(fname) as f:
       for name in f.keys():
         shapes[name] = tuple(f.get_slice(name).get_shape())
   for name in files:
@@ -169,7 +179,7 @@ def load_hf(path: str, *, shardings=None, **config_overrides) -> tuple[dict, Mod
   out: dict = {}
   try:
     for fname in sorted(set(files.values())):
-      handles[fname] = safe_open(fname, framework="numpy")
+      handles[fname] = _open(fname)
     for ours, entries in by_param.items():
       parts = [e.to_ours(handles[files[e.hf_name]].get_tensor(e.hf_name)) for e in entries]
       host = np.stack(parts) if entries[0].layer is not None else parts[0]

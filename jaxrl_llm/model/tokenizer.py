@@ -24,6 +24,8 @@ import jinja2
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
+from jaxrl_llm.checks import ConfigError
+
 
 def _token_text(value) -> str | None:
   """tokenizer_config stores special tokens as "text" or {"content": "text", ...}."""
@@ -110,6 +112,31 @@ class HFTokenizer:
         messages=list(messages), add_generation_prompt=add_generation_prompt,
         bos_token=self.bos_token or "", eos_token=self.eos_token, pad_token=self.pad_token,
         **template_vars)
+
+
+def check_hf_dir(path: str, *, chat_template: bool) -> None:
+  """Everything a run needs from a Hugging Face directory, or one ConfigError listing all that is missing."""
+  import glob
+
+  if not os.path.isdir(path):
+    raise ConfigError(f"config.model.hf_path={path!r} is not a directory: expected a Hugging Face checkpoint "
+                      "directory (config.json, *.safetensors, tokenizer.json, tokenizer_config.json)")
+  missing = []
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    missing.append("config.json (the architecture)")
+  if not glob.glob(os.path.join(path, "*.safetensors")):
+    missing.append("*.safetensors (the weights)")
+  if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    missing.append("tokenizer.json (a fast tokenizer)")
+  config = _read_json(os.path.join(path, "tokenizer_config.json"))
+  special = _read_json(os.path.join(path, "special_tokens_map.json"))
+  if not (_token_text(config.get("eos_token")) or _token_text(special.get("eos_token"))):
+    missing.append("an eos_token in tokenizer_config.json or special_tokens_map.json (the end of a response)")
+  if chat_template and not (config.get("chat_template") or os.path.isfile(os.path.join(path, "chat_template.jinja"))):
+    missing.append("a chat_template in tokenizer_config.json or chat_template.jinja "
+                   "(or run with --config.data.chat_template=False)")
+  if missing:
+    raise ConfigError(f"config.model.hf_path={path!r} lacks: " + "; ".join(missing))
 
 
 def load_tokenizer(path: str) -> HFTokenizer:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import grain
 import numpy as np
 
+from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.tasks.base import Example
 
 
@@ -51,6 +52,18 @@ def encode_prompts(tokenizer, examples: Sequence[Example], max_prompt_len: int,
       mask_BP[b, max_prompt_len - len(ids):] = True
   return PromptBatch(tokens_BP, mask_BP, tuple(e.prompt for e in examples),
                      tuple(e.answer for e in examples), tuple(e.tag for e in examples))
+
+
+def check_prompts(tokenizer, examples: Sequence[Example], max_prompt_len: int, chat_template: bool,
+                  what: str) -> None:
+  """Every prompt of `examples` encodes (known characters, at most max_prompt_len tokens), or a
+  ConfigError naming the first one that does not: found before any workdir or model exists."""
+  for s in range(0, len(examples), 1024):
+    for i, ex in enumerate(examples[s:s + 1024], start=s):
+      try:
+        encode_prompts(tokenizer, [ex], max_prompt_len, chat_template)
+      except ValueError as e:
+        raise ConfigError(f"{what} example {i} ({ex.prompt[:60]!r}): {e}") from None
 
 
 class PromptPipeline:

@@ -45,7 +45,10 @@ class TeacherExtension(Extension):
     def sft_fn(p, examples, steps):
       longest = 1 + max(len(env.tokenizer.encode(prompt_text(env.tokenizer, e.prompt, c.data.chat_template)))
                         for e in examples)  # + BOS; hinted prompts are longer than data.max_prompt_len
-      return env.sft(p, examples, steps, max_prompt_len=max(c.data.max_prompt_len, -(-longest // 8) * 8))
+      label = ("teacher warm start (hint reading)" if cfg.source == "self"
+               else "teacher warm start (SFT on correct demonstrations)")
+      return env.sft(p, examples, steps, max_prompt_len=max(c.data.max_prompt_len, -(-longest // 8) * 8),
+                     label=label)
 
     params, t_params, t_cfg, info = build_teacher(cfg, params, env.model_cfg, sft_fn=sft_fn,
                                                   train_examples=env.train_examples)

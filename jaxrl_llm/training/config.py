@@ -25,6 +25,7 @@ from jaxrl_llm.sampling.engine import engine_names
 from jaxrl_llm.tasks.config import DataConfig, TaskConfig
 from jaxrl_llm.teacher.config import TeacherConfig
 from jaxrl_llm.training.filters import FilterConfig
+from jaxrl_llm.training.guards import GuardConfig
 from jaxrl_llm.training.sft import SFTConfig
 
 
@@ -93,11 +94,12 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "eval": EvalConfig,
     "log": LogConfig,
+    "guard": GuardConfig,  # training/guards.py
     "checkpoint": CheckpointConfig,  # checkpointing/config.py
     "teacher": TeacherConfig,  # teacher/config.py
 }
 # Sections an older config may lack; they take their dataclass's defaults.
-OPTIONAL_SECTIONS = ("checkpoint", "teacher")
+OPTIONAL_SECTIONS = ("checkpoint", "teacher", "guard")
 
 # Advantage estimators that need several samples per prompt (a group baseline
 # or a group std): group size 1 makes them undefined or identically zero.
@@ -121,6 +123,8 @@ class RunConfig:
   eval: EvalConfig
   log: LogConfig
   objective: ObjectiveConfig
+  name: str = ""  # what the run calls itself: the method, or a recipe built on it (sdpo = grpo + a teacher)
+  guard: GuardConfig = GuardConfig()  # runs without a learning signal
   checkpoint: CheckpointConfig = CheckpointConfig()  # when to save, what to keep
   teacher: TeacherConfig = TeacherConfig()  # the teacher extension's section; source='none': no teacher
   init_checkpoint: str = ""  # new run's params from a run workdir or a HF directory; "" = fresh init
@@ -137,8 +141,14 @@ class RunConfig:
   def use_value(self) -> bool:
     return self.objective.advantage == "gae"
 
+  @property
+  def run_name(self) -> str:
+    return self.name or self.method
+
   def __post_init__(self):
     check_int("config.seed", self.seed, 0)
+    if not isinstance(self.name, str):
+      raise bad("config.name", self.name, "a string (the run's name; '' is the method's)")
     obj, ro, tr = self.objective, self.rollout, self.train
     G = ro.group_size
     check_choice("config.rollout.engine", ro.engine, engine_names())
@@ -210,10 +220,11 @@ def from_config_dict(cd) -> RunConfig:
   """Converts a (locked) ml_collections ConfigDict, or its dict, once into a RunConfig."""
   d = cd.to_dict() if hasattr(cd, "to_dict") else dict(cd)
   init_checkpoint = d.pop("init_checkpoint", "")
+  name = d.pop("name", "")
   required = set(SECTIONS) - set(OPTIONAL_SECTIONS)
   check_keys("config", set(d) | set(OPTIONAL_SECTIONS), required | set(OPTIONAL_SECTIONS) |
              {"method", "seed", "workdir_root", "objective"})
   sections = {name: _section(name, cls, d[name]) for name, cls in SECTIONS.items() if name in d}
   return RunConfig(method=d["method"], seed=d["seed"], workdir_root=d["workdir_root"],
-                   objective=resolve_objective(d["method"], d["objective"]), init_checkpoint=init_checkpoint,
+                   objective=resolve_objective(d["method"], d["objective"]), init_checkpoint=init_checkpoint, name=name,
                    **sections)

@@ -3,7 +3,7 @@
 Each `configs/<method>.py` calls `get_config(method)` and may change a few
 values. Every key is declared once, with its unit and meaning: here, or, for
 the sections whose dataclass carries its own defaults (`checkpoint`,
-`teacher`, `objective`), in that dataclass, from which the block is built.
+`teacher`, `guard`, `objective`), in that dataclass, from which the block is built.
 The returned ConfigDict is locked, so a misspelled key (in a file or on the
 command line) is an error. The trainer converts it once into frozen,
 validated dataclasses (`jaxrl_llm/training/config.py`).
@@ -18,6 +18,7 @@ import ml_collections
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.teacher.config import TeacherConfig
+from jaxrl_llm.training.guards import GuardConfig
 
 
 def section_block(cls) -> ml_collections.ConfigDict:
@@ -53,9 +54,10 @@ def objective_block(method: str) -> ml_collections.ConfigDict:
   return block
 
 
-def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
+def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.method = method  # objectives preset name: one of jaxrl_llm.objectives.PRESETS
+  c.name = name or method  # what the run calls itself (summary, console, workdir): the method, or a recipe on it
   c.seed = 0  # PRNG seed of init, sampling, data order and the task split
   c.workdir_root = "./runs"  # runs go to <workdir_root>/<method>-<UTC timestamp> unless --workdir is given
   c.init_checkpoint = ""  # new run's params from a run workdir (newest step) or a HF directory; "" = fresh init
@@ -152,6 +154,9 @@ def get_config(method: str = "gspo") -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.n_examples = 256  # held-out examples scored greedily at the start and the end
   c.eval.every = 0  # also evaluate every this many RL steps; 0: start and end only
+
+  # ---- runs without a learning signal (training/guards.py) ---------------------------
+  c.guard = section_block(GuardConfig)
 
   c.log = ml_collections.ConfigDict()
   c.log.progress = True  # show a progress bar

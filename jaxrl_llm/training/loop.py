@@ -22,19 +22,21 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
+from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.extension import Extension, SetupEnv
 from jaxrl_llm.model import sharding as sharding_lib
-from jaxrl_llm.model.tokenizer import make_tokenizer
+from jaxrl_llm.model.tokenizer import check_hf_dir, make_tokenizer
 from jaxrl_llm.report import write_report_safely
 from jaxrl_llm.sampling.engine import make_engine
 from jaxrl_llm.tasks import registry
-from jaxrl_llm.tasks.pipeline import PromptPipeline
-from jaxrl_llm.training import setup
+from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts
+from jaxrl_llm.training import provenance, setup
 from jaxrl_llm.training.batch import init_value_head
 from jaxrl_llm.training.config import RunConfig
 from jaxrl_llm.training.context import StepContext, snapshot
 from jaxrl_llm.training.evaluation import Evaluator
 from jaxrl_llm.training.extensions import extensions_for
+from jaxrl_llm.training.guards import SignalGuard
 from jaxrl_llm.training.metrics import MetricsWriter, Progress
 from jaxrl_llm.training.optim import adamw, warmup_schedule
 from jaxrl_llm.training.sft import run_sft
@@ -48,8 +50,11 @@ StepHook = Callable[["Trainer", TrainState, dict], None]
 
 class Trainer:
   def __init__(self, cfg: RunConfig, workdir: str, *, log: Callable[[str], None] = print,
-               extensions: Sequence[Extension] = (), devices=None):
+               extensions: Sequence[Extension] = (), devices=None, allow_config_change: bool = False):
     self.cfg, self.workdir, self.log = cfg, workdir, log
+    self.allow_config_change = allow_config_change  # resume a workdir whose saved config differs (recorded)
+    if cfg.model.hf_path:  # everything missing from the folder at once, before anything is read
+      check_hf_dir(cfg.model.hf_path, chat_template=cfg.data.chat_template)
     self.mesh = sharding_lib.make_mesh(cfg.mesh, devices)
     self.batch_sharding = sharding_lib.batch_sharding(self.mesh, ndim=1)
     shards = sharding_lib.batch_shards(self.mesh)
@@ -120,14 +125,15 @@ class Trainer:
                       value_params=vparams, value_opt_state=self._opt_init(self.vtx, vparams), ref_params=None,
                       lag_params=(), key=k_run, data_state=self.pipeline.get_state())
 
-  def _extension_sft(self, params, examples, steps: int, max_prompt_len: int | None = None):
-    """SetupEnv.sft: the warm start's SFT on other examples (seed + 1)."""
+  def _extension_sft(self, params, examples, steps: int, max_prompt_len: int | None = None, label: str = ""):
+    """SetupEnv.sft: the warm start's SFT on other examples (seed + 1); its log lines start with `label`."""
     c = self.cfg
+    log = (lambda s: self.log(f"{label}: {s}")) if label else self.log
     params, _ = run_sft(params, self.model_cfg, examples, self.tokenizer, steps=steps, batch_size=c.sft.batch_size,
                         lr=c.sft.lr, warmup_steps=min(c.sft.warmup_steps, steps),
                         max_prompt_len=max_prompt_len or c.data.max_prompt_len,
                         max_response_len=c.rollout.max_response_len, seed=c.seed + 1, impl=c.kernels.impl,
-                        mesh=self.mesh, chat_template=c.data.chat_template, log=self.log)
+                        mesh=self.mesh, chat_template=c.data.chat_template, log=log)
     return params
 
   def setup_extensions(self, state: TrainState) -> TrainState:
@@ -189,16 +195,28 @@ class Trainer:
     """One RL step (training/step.py) on the context `start_rl` built."""
     return rl_step(self.context, state)
 
-  def run(self, state: TrainState | None = None) -> dict:
-    cfg, t_start = self.cfg, time.time()
+  def preflight(self) -> None:
+    """What the config and the data can tell before a workdir or a model exists."""
+    cfg = self.cfg
+    if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+      raise ConfigError(f"workdir {self.workdir!r} is a file: expected a directory (new, or a run's workdir)")
+    if cfg.init_checkpoint and not os.path.isdir(cfg.init_checkpoint):
+      raise ConfigError(f"config.init_checkpoint={cfg.init_checkpoint!r} is not a directory: expected a run's "
+                        "workdir or a Hugging Face directory")
+    for what, examples in (("training", self.train_examples), ("held-out", self.eval_examples)):
+      check_prompts(self.tokenizer, examples, cfg.data.max_prompt_len, cfg.data.chat_template, what)
     for ext in self.extensions:
       ext.preflight(cfg)
+
+  def run(self, state: TrainState | None = None) -> dict:
+    cfg, t_start = self.cfg, time.time()
+    self.preflight()
     os.makedirs(self.workdir, exist_ok=True)
-    with open(os.path.join(self.workdir, "config.json"), "w") as f:
-      json.dump(cfg.to_dict(), f, indent=2, default=str)
     state = self.init_state(jax.random.key(cfg.seed)) if state is None else state
     ckpt = RunCheckpoints(self.workdir, cfg.checkpoint, run_config=cfg, model_config=self.model_cfg, log=self.log)
     resuming = ckpt.resume_step() is not None
+    provenance.check_and_record(self.workdir, cfg, resuming=resuming, allow_change=self.allow_config_change,
+                                log=self.log)
     if cfg.init_checkpoint and not resuming:
       state = ckpt.init_params(state, cfg.init_checkpoint, None)
     if resuming and not any(ext.rebuild_from_warm_start for ext in self.extensions):
@@ -219,12 +237,14 @@ class Trainer:
       ckpt.extra.update(ev_start=plain(ev_start), sft_info=plain(sft_info))
     self.log(f"eval (greedy, {ev_start['n']} held-out): accuracy {ev_start['accuracy']:.3f}")
     writer = MetricsWriter(self.workdir, start_step=int(state.step))
-    bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.method)
+    bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
     self.hooks.append(lambda trainer, st, metrics: ckpt.on_step(st, metrics))
+    guard = SignalGuard(cfg.guard, self.log)
     try:
       for _ in range(int(state.step), cfg.train.steps):
         state, metrics = self.step(state)
         step = int(state.step)
+        guard.update(step, metrics)
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
           metrics.update({f"eval/{k}": v for k, v in self.evaluate(state).items()})
         if step % cfg.log.every == 0 or step == cfg.train.steps:
@@ -244,7 +264,7 @@ class Trainer:
     ev_end = self.evaluate(state)
     self.log(f"eval (greedy, {ev_end['n']} held-out): accuracy {ev_end['accuracy']:.3f}")
     summary = {
-        "method": cfg.method, "workdir": self.workdir, "rl_steps": int(state.step),
+        "method": cfg.run_name, "objective": cfg.method, "workdir": self.workdir, "rl_steps": int(state.step),
         "eval_accuracy_start": ev_start["accuracy"], "eval_accuracy_end": ev_end["accuracy"],
         "eval_gain": ev_end["accuracy"] - ev_start["accuracy"],
         "eval_response_length_end": ev_end["response_length"],

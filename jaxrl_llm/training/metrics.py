@@ -144,11 +144,11 @@ def bar_text(metrics: dict) -> str:
 class Progress:
   """A tqdm bar (or nothing when disabled)."""
 
-  def __init__(self, total: int, enabled: bool, desc: str):
+  def __init__(self, total: int, enabled: bool, desc: str, initial: int = 0):
     self._bar = None
-    if enabled:
+    if enabled:  # a resumed run starts the bar at its restored step
       from tqdm.auto import tqdm
-      self._bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
+      self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
 
   def update(self, metrics: dict) -> None:
     if self._bar is not None:

@@ -56,6 +56,8 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key):
            "reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
            "response/length_mean": parts_s[0].length_B.mean(),
            "response/truncated_frac": parts_s[0].truncated_B.mean(),
+           "signal/failure_rate": float(np.mean(first.failed_B | first.timed_out_B)),
+           "signal/zero_adv_groups": 1.0 - float(filt.informative_groups(first.reward_B, G).mean()),
            "filter/refill_rounds": rounds, "time/rollout_s": t_roll, "time/score_s": t_score,
            "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in parts_s)}
   if cfg.filters.dynamic_sampling:
@@ -170,6 +172,7 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch) -> tuple
 
 def rl_step(ctx: StepContext, state: TrainState) -> tuple[TrainState, dict]:
   t0 = time.time()
+  lr = float(ctx.lr_schedule(ctx.updates_done(state)))  # this step's first update's rate, before the count moves
   key, k_sample = jax.random.split(state.key)
   samples, scores, keep_B, stats = rollout_and_score(ctx, state, k_sample)
   batch, b_stats = build_batch(ctx, state, samples, scores, keep_B)
@@ -183,7 +186,7 @@ def rl_step(ctx: StepContext, state: TrainState) -> tuple[TrainState, dict]:
   state = state.replace(step=state.step + 1, key=key, data_state=ctx.pipeline.get_state())
   metrics = {**stats, **b_stats, **u_stats}
   metrics["trust/clip_frac"] = metrics.get("trust/clip_low_frac", 0.0) + metrics.get("trust/clip_high_frac", 0.0)
-  metrics["lr"] = float(ctx.lr_schedule(ctx.updates_done(state)))
+  metrics["lr"] = lr
   metrics["time/step_s"] = time.time() - t0
   metrics["perf/tokens_per_s"] = metrics["perf/sampled_tokens"] / max(metrics["time/step_s"], 1e-9)
   return state, metrics

@@ -223,3 +223,25 @@ def test_published_config_json_matches_presets():
   assert config_from_hf(LLAMA_3_2_1B) == ModelConfig.llama3_2_1b(**bf16)
   assert config_from_hf(QWEN2_5_0_5B) == ModelConfig.qwen2_5_0_5b(**bf16)
   assert config_from_hf(QWEN2_5_0_5B, param_dtype="float32").compute_dtype == "float32"
+
+
+def test_truncated_safetensors_names_the_file(hf_dirs, tmp_path):
+  bad = tmp_path / "cut"
+  shutil.copytree(hf_dirs["qwen2"], bad)
+  weights = bad / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:100])  # a cut-off download
+  with pytest.raises(ValueError, match=rf"{weights}: cannot read this safetensors file .*truncated"):
+    load_hf(str(bad))
+
+
+def test_a_folder_missing_pieces_lists_all_of_them(hf_dirs, tmp_path):
+  from jaxrl_llm.model.tokenizer import check_hf_dir
+
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  shutil.copy(os.path.join(hf_dirs["llama"], "model.safetensors"), bare)  # weights only
+  with pytest.raises(ValueError) as e:
+    check_hf_dir(str(bare), chat_template=True)
+  for piece in ("config.json", "tokenizer.json", "an eos_token", "a chat_template", "data.chat_template=False"):
+    assert piece in str(e.value)
+  assert "*.safetensors" not in str(e.value)  # present, so not listed

@@ -1,0 +1,75 @@
+"""A workdir's config: what a run resumes with, and a record of what changed.
+
+A workdir with checkpoints resumes when the same command runs again. A new
+config that differs from the saved `config.json` in anything that changes
+the result (the method, a knob, the data, the schedule) is refused, naming
+the keys, unless the run is told to continue with it (`--allow_config_change`);
+then the change is appended to `config_history.jsonl` beside `config.json`,
+which holds the config the run continues with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from jaxrl_llm.checks import ConfigError
+
+CONFIG_FILE = "config.json"
+HISTORY_FILE = "config_history.jsonl"
+# Keys (or section prefixes) that do not change what the run computes: where it
+# logs, how often it saves or evaluates, how many processes score rewards.
+RESULT_NEUTRAL = ("name", "workdir_root", "log.progress", "log.every", "data.reward_workers", "eval.every",
+                  "checkpoint.")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict):
+      out.update(flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def plain_config(cfg) -> dict:
+  """The RunConfig as the JSON that config.json holds."""
+  return json.loads(json.dumps(cfg.to_dict(), default=str))
+
+
+def result_changes(old: dict, new: dict) -> dict[str, tuple]:
+  """{key: (old, new)} for every key whose change changes the result."""
+  a, b = flatten(old), flatten(new)
+  out = {}
+  for key in sorted(set(a) | set(b)):
+    if any(key == n or (n.endswith(".") and key.startswith(n)) for n in RESULT_NEUTRAL):
+      continue
+    if a.get(key, "<absent>") != b.get(key, "<absent>"):
+      out[key] = (a.get(key, "<absent>"), b.get(key, "<absent>"))
+  return out
+
+
+def check_and_record(workdir: str, cfg, *, resuming: bool, allow_change: bool, log) -> None:
+  """Before a run writes its config.json: refuse a resume with another config, or record the change."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  new = plain_config(cfg)
+  if resuming and os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    changes = result_changes(old, new)
+    if changes:
+      listed = "; ".join(f"{k}: {o!r} -> {n!r}" for k, (o, n) in list(changes.items())[:12])
+      more = f" (and {len(changes) - 12} more)" if len(changes) > 12 else ""
+      if not allow_change:
+        raise ConfigError(f"workdir {workdir!r} holds a run of another config, which this command would resume "
+                          f"and change: {listed}{more}. Rerun with the saved config, choose another --workdir, "
+                          f"or pass --allow_config_change to continue with the new one (recorded in {HISTORY_FILE})")
+      with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                            "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
+      log(f"config changed on resume (allowed): {listed}{more}")
+  with open(path, "w") as f:
+    json.dump(new, f, indent=2)

@@ -1,0 +1,145 @@
+"""What a new user hit in the first hour, each reproduced and checked fixed:
+a resume with another config, errors with tracebacks, half-made workdirs,
+runs without a learning signal, the logged learning rate, step-0 checkpoints."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from run_helpers import REPO, load_config, make_trainer, shrink
+from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.tasks.rewards import RewardRunner
+from jaxrl_llm.training.config import from_config_dict
+from jaxrl_llm.training.guards import NoSignalError
+from jaxrl_llm.training.metrics import read_metrics
+
+# A tiny run for the command line: seconds, one device.
+TINY = ["--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
+        "--config.model.n_kv_heads=1", "--config.model.d_ff=64", "--config.sft.steps=0", "--config.train.steps=1",
+        "--config.rollout.prompts_per_step=4", "--config.rollout.group_size=2", "--config.eval.n_examples=4",
+        "--config.task.n_train=64", "--config.log.progress=False"]
+
+
+def _cli(*args, timeout=300):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def _tiny(name="grpo", **overrides):
+  return from_config_dict(shrink(load_config(name), **{"train.steps": 2, **overrides}))
+
+
+# ---- 1. provenance -------------------------------------------------------------------
+
+def test_resume_with_another_config_is_refused_unless_allowed(tmp_path, quiet_log):
+  wd = tmp_path / "run"
+  make_trainer(_tiny("gspo"), wd, quiet_log).run()
+  # The same config resumes (nothing left to do) and keeps the saved config.
+  assert make_trainer(_tiny("gspo"), wd, quiet_log).run()["rl_steps"] == 2
+  with pytest.raises(ConfigError, match=r"another config.*method: 'gspo' -> 'grpo'.*--allow_config_change"):
+    make_trainer(_tiny("grpo"), wd, quiet_log).run()
+  assert json.load(open(wd / "config.json"))["method"] == "gspo"  # not overwritten
+  assert json.load(open(wd / "summary.json"))["method"] == "gspo"
+  # Settings that do not change the result are not a different config.
+  make_trainer(_tiny("gspo", **{"log.every": 2, "checkpoint.keep_last": 1}), wd, quiet_log).run()
+  summary = make_trainer(_tiny("grpo", **{"train.steps": 3}), wd, quiet_log, allow_config_change=True).run()
+  assert summary["rl_steps"] == 3 and summary["method"] == "grpo"
+  history = [json.loads(line) for line in open(wd / "config_history.jsonl")]
+  assert len(history) == 1 and history[0]["changes"]["method"] == ["gspo", "grpo"]
+  assert history[0]["changes"]["train.steps"] == [2, 3]
+  assert json.load(open(wd / "config.json"))["method"] == "grpo"
+
+
+def test_a_recipe_reports_its_own_name():
+  for name in ("opd", "sdpo", "srpo", "rlsd"):
+    cfg = from_config_dict(load_config(name))
+    assert cfg.run_name == name and cfg.method == "grpo"
+  assert from_config_dict(load_config("gspo")).run_name == "gspo"
+
+
+# ---- 3. errors without tracebacks, found before the workdir is made ------------------------
+
+@pytest.mark.parametrize("flags,says", [
+    (["--config=configs/gspo.py", "--config.train.lrr=1"], r"unknown config key 'lrr' in --config.train.lrr.*\"lr\""),
+    (["--config=configs/nope.py"], r"cannot load the config file.*configs/nope.py.*No such file"),
+    (["--config=configs/gspo.py", "--config.rollout.top_p=1.5"], r"config.rollout.top_p=1.5 is out of range"),
+    (["--config=configs/gspo.py", "--config.init_checkpoint=/nonexistent/run"],
+     r"config.init_checkpoint='/nonexistent/run' is not a directory"),
+    (["--config=configs/gspo.py", "--config.data.max_prompt_len=3"], r"training example 0 .*more than data.max_prompt_len=3"),
+])
+def test_user_errors_are_one_line_and_leave_no_workdir(flags, says, tmp_path):
+  wd = tmp_path / "wd"
+  proc = _cli("jaxrl_llm.train", *flags, *TINY, f"--workdir={wd}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr and "\\n" not in proc.stderr
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 2 and lines[0].startswith("error: ") and "--debug" in lines[1], proc.stderr
+  assert __import__("re").search(says, lines[0]), lines[0]
+  assert not wd.exists()
+
+
+def test_a_workdir_that_is_a_file_and_debug(tmp_path):
+  wd = tmp_path / "afile"
+  wd.write_text("")
+  proc = _cli("jaxrl_llm.train", "--config=configs/gspo.py", *TINY, f"--workdir={wd}")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  assert f"workdir {str(wd)!r} is a file" in proc.stderr
+  debug = _cli("jaxrl_llm.train", "--config=configs/gspo.py", *TINY, f"--workdir={wd}", "--debug")
+  assert debug.returncode == 1 and "Traceback" in debug.stderr  # --debug: the traceback
+
+
+def test_evaluate_bad_k_is_one_line(tmp_path):
+  proc = _cli("jaxrl_llm.evaluate", f"--workdir={tmp_path}", "--k=abc")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  assert "--k='abc' is invalid: a comma-separated list of ints" in proc.stderr
+
+
+# ---- 4. runs without a learning signal ------------------------------------------------------
+
+def _always_raises(prompt, response, answer):
+  raise RuntimeError("verifier crashed")
+
+
+def test_every_reward_failing_stops_the_run(tmp_path):
+  logs = []
+  cfg = _tiny(**{"train.steps": 6, "guard.warn_after_steps": 1, "guard.stop_after_failed_steps": 3})
+  tr = make_trainer(cfg, tmp_path, logs.append)
+  tr.runner = RewardRunner(_always_raises)
+  with pytest.raises(NoSignalError, match=r"failed .* on every sample for 3 steps in a row \(up to step 3\)"):
+    tr.run()
+  warnings = [s for s in logs if s.startswith("warning: step")]
+  assert any("the reward function failed on 100% of the samples" in s for s in warnings)
+  rows = read_metrics(os.path.join(tmp_path, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [1, 2]  # the third step raised before it was logged
+  assert all(r["signal/failure_rate"] == 1.0 and r["signal/warning"] == 1.0 for r in rows)
+
+
+def test_equal_rewards_warn(tmp_path):
+  logs = []
+  tr = make_trainer(_tiny(**{"train.steps": 3, "guard.warn_after_steps": 2}), tmp_path, logs.append)
+  tr.runner = RewardRunner(lambda p, r, a: 1.0)
+  summary = tr.run()
+  assert summary["rl_steps"] == 3
+  rows = read_metrics(os.path.join(tmp_path, "metrics.jsonl"))
+  assert [r["signal/zero_adv_groups"] for r in rows] == [1.0, 1.0, 1.0]
+  assert [r["signal/warning"] for r in rows] == [0.0, 1.0, 1.0]  # from the second step in a row
+  assert sum("groups have equal rewards" in s for s in logs) == 2
+
+
+# ---- 6 and 9. the logged learning rate; a run of zero RL steps --------------------------------
+
+def test_logged_lr_is_the_rate_the_step_used(tmp_path, quiet_log):
+  cfg = _tiny(**{"train.steps": 3, "train.warmup_steps": 10, "train.lr": 1e-3})
+  make_trainer(cfg, tmp_path, quiet_log).run()
+  lrs = [r["lr"] for r in read_metrics(os.path.join(tmp_path, "metrics.jsonl"))]
+  # Linear warm-up 0 -> 1e-3 over 10 updates; step s's (only) update is update s - 1.
+  assert lrs == pytest.approx([0.0, 1e-4, 2e-4], rel=1e-6, abs=1e-12)
+
+
+def test_zero_rl_steps_saves_the_warm_started_model(tmp_path, quiet_log):
+  make_trainer(_tiny(**{"train.steps": 0}), tmp_path, quiet_log).run()
+  assert os.listdir(tmp_path / "checkpoints") == ["0"]
