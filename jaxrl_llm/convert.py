@@ -71,9 +71,18 @@ def orbax_to_hf(checkpoint: str, out: str, *, step: int | None = None, dtype: st
   base = None
   if source and os.path.isfile(os.path.join(source, "config.json")):
     base = read_hf_config(source)
+  char_model = not source and not ((meta.get("config") or {}).get("model") or {}).get("hf_path")
+  if char_model:  # the built-in character model: its tokenizer and token ids go with it
+    from jaxrl_llm.model.tokenizer import CharTokenizer
+
+    char = CharTokenizer()
+    base = {"pad_token_id": char.pad_id, "eos_token_id": char.eos_id, "bos_token_id": char.bos_id}
   save_hf(params, cfg, out, dtype=dtype, base_config=base)
-  if source and jax.process_index() == 0:
-    copy_tokenizer_files(source, out)
+  if jax.process_index() == 0:
+    if source:
+      copy_tokenizer_files(source, out)
+    elif char_model:
+      char.save_pretrained(out)
   return out
 
 

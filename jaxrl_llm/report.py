@@ -7,6 +7,9 @@ Panels: reward, eval accuracy, KL to the reference, entropy, clip and mask
 fractions, response length, each against the RL step. A panel plots every
 metric whose name matches its patterns, so new diagnostics show up without a
 change here; a panel with no matching metric says so instead of vanishing.
+A series that is constant over the whole run (GSPO's token clip fraction,
+0 by construction) is left out and named in the panel; evaluations, which
+exist at a few steps only, are drawn as points.
 """
 
 import dataclasses
@@ -92,18 +95,20 @@ def draw(runs: Sequence[tuple[str, list[dict]]], out_path: str) -> str:
   styles = ("-", "--", ":", "-.")
   overlay = len(runs) > 1
   for ax, panel in zip(axes.flat, PANELS):
-    drawn = 0
+    drawn, constant = 0, []
     for ri, (label, rows) in enumerate(runs):
       for ki, key in enumerate(matching_keys(rows, panel)):
         s, v = series(rows, key)
         if s.size == 0:
           continue
+        if s.size > 2 and np.ptp(v) == 0:  # constant by construction: a flat line says nothing
+          constant.append(f"{key} = {v[0]:g}")
+          continue
         color = colors[(ri if overlay else ki) % len(colors)]
         name = f"{label}: {key}" if overlay else key
-        sparse = s.size <= 20  # eval points: markers, no smoothing
+        sparse = s.size <= 20  # eval points: markers, no smoothing, no line between far-apart points
         if sparse:
-          ax.plot(s, v, marker="o", ls=styles[ki % 4] if overlay else "-",
-                  color=color, label=name)
+          ax.plot(s, v, marker="o", ls="none", color=color, label=name)
         else:
           window = max(1, s.size // 20)
           ax.plot(s, v, color=color, alpha=0.25, lw=0.8)
@@ -121,12 +126,15 @@ def draw(runs: Sequence[tuple[str, list[dict]]], out_path: str) -> str:
     if drawn:
       ax.legend(fontsize=8, loc="best")
     else:
-      ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center",
-              transform=ax.transAxes, color="gray")
+      ax.text(0.5, 0.5, "constant in this run" if constant else "not logged by this run", ha="center",
+              va="center", transform=ax.transAxes, color="gray")
+    if constant:
+      ax.text(0.01, 0.01, "constant, not drawn: " + ", ".join(sorted(set(constant)))[:90], fontsize=7,
+              color="gray", transform=ax.transAxes, va="bottom")
   title = " vs ".join(label for label, _ in runs)
   fig.suptitle(f"jaxrl_llm: {title}", fontsize=14)
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  fig.savefig(out_path, dpi=90)
+  fig.savefig(out_path, dpi=90, bbox_inches="tight")  # long legends and labels stay inside the image
   plt.close(fig)
   return out_path
 
@@ -143,7 +151,7 @@ def _draw_summary_eval(ax, runs, colors, overlay) -> int:
            if isinstance(summary.get(k), (int, float))]
     if pts:
       s, v = zip(*pts)
-      ax.plot(s, v, marker="s", ms=8, ls=":", color=colors[ri % len(colors)],
+      ax.plot(s, v, marker="s", ms=8, ls="none", color=colors[ri % len(colors)],
               label=(f"{label}: " if overlay else "") + "start / end eval (summary.json)")
       for x, y in pts:
         ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)

@@ -45,7 +45,13 @@ def main(argv):
   workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.run_name)
   what = cfg.method if cfg.run_name == cfg.method else f"{cfg.run_name} (objective {cfg.method})"
   print(f"method {what} -> {workdir}")
-  summary = Trainer(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value).run()
+  from jaxrl_llm.training.loop import Stopped
+
+  try:
+    summary = Trainer(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value).run()
+  except Stopped as e:
+    print(str(e))
+    raise SystemExit(128 + 15) from None  # the conventional status of a SIGTERM
   print(json.dumps(summary, indent=2))
   print(f"eval accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
         f"({summary['eval_gain']:+.3f}) in {summary['run_time_s']:.0f} s; summary: "

@@ -69,3 +69,33 @@ def test_cli_errors(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "jaxrl_llm.convert", "--help"],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0 and "hf_to_orbax" in proc.stdout
+
+
+def test_the_character_model_exports_with_its_tokenizer(tmp_path):
+  """orbax_to_hf of the built-in character model: transformers loads the folder, tokenizes like
+  CharTokenizer and greedy-generates what our sampler generates, without reading this package."""
+  from run_helpers import load_config, make_trainer, shrink
+  from jaxrl_llm.model.tokenizer import CharTokenizer
+  from jaxrl_llm.sampling.config import SamplingConfig
+  from jaxrl_llm.sampling.engine import sample_batch
+  from jaxrl_llm.tasks.base import Example
+  from jaxrl_llm.tasks.pipeline import encode_prompts
+  from jaxrl_llm.training.config import from_config_dict
+
+  tr = make_trainer(from_config_dict(shrink(load_config("grpo"), **{"train.steps": 1})), tmp_path / "run",
+                    lambda s: None)
+  tr.run()
+  out = convert.orbax_to_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  char = CharTokenizer()
+  for text in ("12+3=", "a b\nC!", "99*9="):
+    assert tok(text)["input_ids"] == char.encode(text)
+  assert (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == (char.eos_id, char.pad_id, char.bos_id)
+  model = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
+  prompt = [char.bos_id] + char.encode("12+3=")
+  got = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False)[0, len(prompt):].tolist()
+  pb = encode_prompts(char, [Example(prompt="12+3=", answer="")], len(prompt))
+  scfg = SamplingConfig(temperature=0.0, max_new_tokens=5, eos_ids=(char.eos_id,), pad_id=char.pad_id)
+  ours = sample_batch(tr.final_state.params, tr.model_cfg, pb, scfg, jax.random.key(0), char)
+  n = int(ours.length_B[0])
+  assert got[:n] == ours.tokens_BR[0, :n].tolist()  # transformers stops at our eos too

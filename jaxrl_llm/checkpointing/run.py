@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxrl_llm import faults
 from jaxrl_llm.checkpointing import init as init_lib
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checkpointing.manager import CheckpointManager, to_jsonable
@@ -122,9 +123,11 @@ class RunCheckpoints:
     return state, self.extra
 
   def save(self, state, metrics: dict | None = None) -> None:
+    faults.point("checkpoint_write")
     self.mngr.save(int(state.step), self._tree(state), data_state=state.data_state,
                    config=self.run_config, extra=self.extra,
                    metrics=None if metrics is None else json_row(metrics))
+    faults.point("checkpoint_save")  # the write may still be in flight (async)
 
   def on_step(self, state, metrics: dict) -> None:
     """After an RL step: records the step's metrics, saves when due."""

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from jaxrl_llm.checks import check_int
+from jaxrl_llm.checks import ConfigError, check_int
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.params import init_params, param_axes, param_shapes
 
@@ -68,8 +68,8 @@ class MeshConfig:
       return self
     fixed = self.fsdp * self.tensor
     if n_devices % fixed:
-      raise ValueError(f"MeshConfig data=-1 x fsdp={self.fsdp} x tensor={self.tensor}: {n_devices} devices "
-                       f"do not split into fsdp x tensor = {fixed}")
+      raise ConfigError(f"MeshConfig data=-1 x fsdp={self.fsdp} x tensor={self.tensor}: {n_devices} devices "
+                        f"do not split into fsdp x tensor = {fixed}")
     return dataclasses.replace(self, data=n_devices // fixed)
 
 
@@ -79,7 +79,7 @@ def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:
   mesh_cfg = mesh_cfg.resolve(len(devices))
   size = math.prod(mesh_cfg.shape)
   if size != len(devices):
-    raise ValueError(
+    raise ConfigError(
         f"MeshConfig data*fsdp*tensor = {mesh_cfg.data}*{mesh_cfg.fsdp}*{mesh_cfg.tensor} = "
         f"{size} must equal the number of devices ({len(devices)})")
   # jax.make_mesh orders devices for the physical topology (ICI rings on TPU).

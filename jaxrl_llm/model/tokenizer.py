@@ -217,6 +217,34 @@ class CharTokenizer:
       out.append(self._itos[i])
     return "".join(out)
 
+  def save_pretrained(self, out: str) -> dict:
+    """Writes this tokenizer as a Hugging Face fast tokenizer (tokenizer.json, tokenizer_config.json,
+    special_tokens_map.json, generation_config.json) so that transformers loads and generates from an
+    exported model without this package; returns the special tokens' ids.
+
+    One id per character, as `encode`: a WordLevel model over single characters (a character outside
+    the vocabulary maps to <pad>, where `encode` raises). The model's own prompts start with <bos>.
+    """
+    import json as json_lib
+
+    from tokenizers import AddedToken, Regex, Tokenizer as HFTok, decoders, models, pre_tokenizers
+
+    tok = HFTok(models.WordLevel({t: i for i, t in enumerate(self._itos)}, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (PAD, EOS, BOS)])
+    os.makedirs(out, exist_ok=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    special = {"pad_token": PAD, "eos_token": EOS, "bos_token": BOS}
+    ids = {"pad_token_id": self.pad_id, "eos_token_id": self.eos_id, "bos_token_id": self.bos_id}
+    files = {"tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False,
+                                       "clean_up_tokenization_spaces": False, **special},
+             "special_tokens_map.json": special, "generation_config.json": ids}
+    for name, content in files.items():
+      with open(os.path.join(out, name), "w") as f:
+        json_lib.dump(content, f, indent=2)
+    return ids
+
   def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
     """Plain concatenation of the message contents.
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_llm import faults
+
 from jaxrl_llm.tasks.base import FormatFn, RewardFn
 
 
@@ -44,6 +46,8 @@ def score_one(reward_fn: RewardFn, format_fn: FormatFn | None, format_weight: fl
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
   try:
     correct = float(reward_fn(prompt, response, answer))
+    if faults.point("reward"):
+      correct = float("nan")
     if not np.isfinite(correct):
       raise ValueError(f"reward {correct} is not finite")
     fmt = format_weight * float(bool(format_fn(response))) if format_fn and format_weight else 0.0

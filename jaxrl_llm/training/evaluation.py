@@ -12,6 +12,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from jaxrl_llm import faults
 from jaxrl_llm.sampling.config import RolloutConfig
 from jaxrl_llm.sampling.engine import sample_batch
 from jaxrl_llm.tasks.pipeline import encode_prompts
@@ -43,6 +44,7 @@ class Evaluator:
     scfg = self.rollout.sampling(self.tokenizer, greedy=True)
     cols = {"correct": [], "reward": [], "length": [], "truncated": []}
     for chunk, n_real in self._batches(examples, batch_size):
+      faults.point("eval")
       pb = encode_prompts(self.tokenizer, chunk, self.max_prompt_len, self.chat_template)
       smp = sample_batch(params, self.model_cfg, pb, scfg, jax.random.key(0), self.tokenizer, self.batch_sharding)
       rb = self.runner(smp.prompts[:n_real], smp.responses[:n_real], smp.answers[:n_real])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 
@@ -48,6 +49,36 @@ from jaxrl_llm.training.update import UpdateSpec, update_step
 StepHook = Callable[["Trainer", TrainState, dict], None]
 
 
+class Stopped(Exception):
+  """SIGTERM reached the run: the step in progress finished and was saved; rerun to resume."""
+
+  def __init__(self, step: int):
+    super().__init__(f"stopped by SIGTERM after step {step}, which is saved: rerun the same command to resume")
+    self.step = step
+
+
+class _StopRequest:
+  """Turns SIGTERM into a request the loop reads between steps (main thread only)."""
+
+  def __init__(self):
+    self.requested, self._old = False, None
+
+  def __enter__(self):
+    try:
+      self._old = signal.signal(signal.SIGTERM, self._on_term)
+    except ValueError:  # not the main thread: no graceful stop
+      self._old = None
+    return self
+
+  def _on_term(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
 class Trainer:
   def __init__(self, cfg: RunConfig, workdir: str, *, log: Callable[[str], None] = print,
                extensions: Sequence[Extension] = (), devices=None, allow_config_change: bool = False):
@@ -61,8 +92,8 @@ class Trainer:
     for name, size in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
                        ("train.micro_batch_size (or the mini-batch)", cfg.micro_batch_size)):
       if size % shards:
-        raise ValueError(f"config.{name}={size} must be a multiple of the {shards} batch shards of the mesh "
-                         f"(mesh.data x mesh.fsdp)")
+        raise ConfigError(f"config.{name}={size} must be a multiple of the {shards} batch shards of the mesh "
+                          f"(mesh.data x mesh.fsdp)")
     self.eval_pad = shards
     self.extensions: tuple[Extension, ...] = tuple(extensions) + extensions_for(cfg)
     names = [e.name for e in self.extensions]
@@ -240,7 +271,9 @@ class Trainer:
     bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
     self.hooks.append(lambda trainer, st, metrics: ckpt.on_step(st, metrics))
     guard = SignalGuard(cfg.guard, self.log)
+    stop = _StopRequest()
     try:
+      stop.__enter__()
       for _ in range(int(state.step), cfg.train.steps):
         state, metrics = self.step(state)
         step = int(state.step)
@@ -254,7 +287,13 @@ class Trainer:
         # -- checkpoint save point: hooks see the complete state after each step.
         for hook in self.hooks:
           hook(self, state, metrics)
+        if stop.requested and step < cfg.train.steps:  # a graceful stop: this step is kept
+          if ckpt.mngr.should_save(step, final=True):
+            ckpt.save(state, metrics)
+          self.log(f"SIGTERM: stopping after step {step} (saved)")
+          raise Stopped(step)
     finally:
+      stop.__exit__()
       bar.close()
       writer.close()
       self.runner.close()

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrl_llm import faults
 from jaxrl_llm.checks import check_float, check_int
 from jaxrl_llm.tasks.base import Example
 from jaxrl_llm.model import sharding as sharding_lib
@@ -89,6 +90,7 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, *, steps: int
   rng = np.random.default_rng(seed)
   t0, losses = time.time(), []
   for i in range(steps):
+    faults.point("sft_step")
     batch = [examples[int(j)] for j in rng.integers(len(examples), size=batch_size)]
     pb = encode_prompts(tokenizer, batch, max_prompt_len, chat_template)
     resp_BR, resp_mask_BR = encode_responses(tokenizer, [e.demo for e in batch], max_response_len)

@@ -15,6 +15,7 @@ import time
 import jax
 import numpy as np
 
+from jaxrl_llm import faults
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.training import advantage as adv_lib
@@ -38,6 +39,7 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key):
   while True:
     t0 = time.time()
     smp = ctx.engine.generate(next(ctx.pipeline), jax.random.fold_in(key, rounds))
+    faults.point("rollout")
     t1 = time.time()
     parts_s.append(smp)
     parts_r.append(score(smp, ctx.runner, cfg.filters, cfg.rollout.max_response_len))
@@ -96,6 +98,8 @@ def build_batch(ctx: StepContext, state: TrainState, samples: RolloutBatch, scor
   t1 = time.time()
   adv_BR, returns_BR = adv_lib.advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
                                           prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
+  if faults.point("advantage"):
+    adv_BR = adv_BR * np.nan
   stats = {"time/recompute_s": t1 - t0, "time/advantage_s": time.time() - t1}
   extra_BR = {}
   for ext in ctx.extensions:  # in order: each sees the advantages the previous one wrote
@@ -161,6 +165,7 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch) -> tuple
       mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), ctx.batch_sharding)
       params, opt_state, vparams, vopt, m = ctx.update_fn(params, opt_state, vparams, vopt, mb, aux)
       per_update.append(m)
+      faults.point("update")
   per_update = jax.device_get(per_update)
   metrics = mean_over_updates(per_update)
   metrics["update/count"] = len(per_update)

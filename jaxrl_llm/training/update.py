@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrl_llm import faults
 from jaxrl_llm import model as model_lib
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch, value_head
@@ -67,6 +68,8 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
   obj = spec.objective
   hidden_BRD = response_hidden(params, spec.model_cfg, mb.prompt_BP, mb.prompt_mask_BP, mb.tokens_BR,
                                mb.mask_BR)
+  if faults.traced("logits_nan"):  # the reliability matrix: non-finite logits in every update
+    hidden_BRD = hidden_BRD * jnp.nan
   vt = vocab_terms(
       hidden_BRD, model_lib.lm_head(params, spec.model_cfg), mb.tokens_BR, mb.mask_BR, obj,
       temperature=spec.temperature, impl=spec.impl,
@@ -145,6 +148,8 @@ def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: 
   (grads, vgrads), (total, metrics, extrema, counts) = carry
 
   loss = total.value()
+  if faults.traced("grad_nan"):  # the reliability matrix: non-finite gradients in every update
+    grads = jax.tree.map(lambda g: g * jnp.nan, grads)
   params, opt_state, grad_norm, skipped = guarded_update(tx, grads, opt_state, params, loss)
   if spec.use_value:
     vparams, vopt_state, vgrad_norm, vskipped = guarded_update(vtx, vgrads, vopt_state, vparams, loss)

@@ -1,0 +1,276 @@
+"""The reliability matrix: inject a fault into a small training run, let it recover, check what was lost.
+
+    python scripts/fault_matrix.py --out fault_matrix.json [--md docs/reliability_table.md] [--rows a,b]
+
+A reference run goes uninterrupted first. Then each row injects one fault
+(jaxrl_llm/faults.py, through JAXRL_LLM_FAULT, or by damaging files) into a
+run of the same command, reruns that command as a user would, and compares:
+
+* SIGKILL at 20 points drawn over the run (inside the SFT warm start, the
+  rollout, the update, a checkpoint save in flight, an evaluation): the
+  resumed run's final params and metrics (timing fields aside) must equal the
+  reference bitwise;
+* the newest checkpoint damaged (a truncated file, a deleted file, a flipped
+  bit, the manifest removed): the rerun must notice, resume from the previous
+  one and still end equal to the reference;
+* a full disk while a checkpoint is written (an injected ENOSPC): the run
+  fails, the rerun resumes from the last good checkpoint and ends equal;
+* SIGTERM: the run saves the step it is in and exits 143; the rerun ends equal;
+* NaN in a reward, in the advantages, in the logits or in the gradients: the
+  update is skipped and counted, no parameter is ever non-finite;
+* a reward function that hangs, raises or returns a non-number: counted, the
+  run goes on.
+
+Each row of the JSON says what was injected, what the run did and whether
+anything was lost. `--md` writes the table docs/reliability.md shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 6
+# A small run that still has every stage: SFT, rollouts, updates, saves every 2 steps, evaluations.
+FLAGS = [
+    "--config=configs/gspo.py", "--config.seed=3", f"--config.train.steps={STEPS}",
+    "--config.checkpoint.every_steps=2", "--config.checkpoint.keep_last=3", "--config.eval.every=3",
+    "--config.task.digits=1", "--config.task.n_train=200", "--config.data.format_weight=0.5",
+    "--config.sft.steps=40", "--config.sft.lr=0.02", "--config.sft.warmup_steps=5",
+    "--config.sft.wrong_fraction=0.0", "--config.sft.batch_size=32", "--config.rollout.prompts_per_step=8",
+    "--config.rollout.group_size=4", "--config.eval.n_examples=16", "--config.model.d_model=32",
+    "--config.model.n_layers=1", "--config.model.n_heads=2", "--config.model.n_kv_heads=1",
+    "--config.model.d_ff=64", "--config.train.lr=1e-3", "--config.train.warmup_steps=2",
+    "--config.log.progress=False", "--config.data.reward_timeout_s=2.0",
+]
+TIMING = ("time/", "perf/tokens_per_s")
+# Where SIGKILL may land: point -> how many times one run passes it.
+KILL_RANGES = {"sft_step": 40, "rollout": STEPS, "update": STEPS, "checkpoint_save": STEPS // 2, "eval": 3}
+
+
+def _env(cache: str, fault: str = "") -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+             JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env.pop("JAXRL_LLM_FAULT", None)
+  if fault:
+    env["JAXRL_LLM_FAULT"] = fault
+  return env
+
+
+def train(workdir: str, cache: str, fault: str = "", extra=()) -> subprocess.CompletedProcess:
+  cmd = [sys.executable, "-m", "jaxrl_llm.train", *FLAGS, *extra, f"--workdir={workdir}"]
+  return subprocess.run(cmd, cwd=REPO, env=_env(cache, fault), capture_output=True, text=True, timeout=900)
+
+
+def final_params(workdir: str) -> dict:
+  import orbax.checkpoint as ocp
+
+  state = ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", str(STEPS), "state"))
+  return state["params"]
+
+
+def metrics(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def equal_to(reference: str, workdir: str) -> tuple[bool, str]:
+  """(final params and metrics equal bitwise, what differs)."""
+  import jax
+
+  try:
+    a, b = final_params(reference), final_params(workdir)
+  except Exception as e:  # pylint: disable=broad-except
+    return False, f"no final checkpoint ({type(e).__name__})"
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  if len(la) != len(lb) or any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)):
+    return False, "final params differ"
+  if metrics(reference) != metrics(workdir):
+    return False, "metrics.jsonl differs"
+  return True, "final params and metrics bitwise equal"
+
+
+def summary(workdir: str) -> dict:
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def all_finite(workdir: str) -> bool:
+  import jax
+
+  return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final_params(workdir)))
+
+
+# ---- the rows --------------------------------------------------------------------------
+
+def kill_rows(rng) -> list[tuple[str, str]]:
+  """20 (name, fault) pairs: every point twice, then ten more drawn by the share of the run spent there."""
+  points = list(KILL_RANGES)
+  chosen = [points[i % len(points)] for i in range(10)]
+  chosen += list(rng.choice(points, size=10, p=[0.3, 0.2, 0.2, 0.15, 0.15]))
+  rows = {}
+  for point in chosen:
+    free = [n for n in range(1, KILL_RANGES[point] + 1) if f"kill_{point}_{n}" not in rows]
+    if not free:  # every occurrence of this point is taken: the busiest point instead
+      point = "sft_step"
+      free = [n for n in range(1, KILL_RANGES[point] + 1) if f"kill_{point}_{n}" not in rows]
+    n = int(rng.choice(free))
+    rows[f"kill_{point}_{n}"] = f"{point}:{n}:kill"
+  return list(rows.items())
+
+
+def run_kill(name, fault, ref, tmp, cache):
+  wd = os.path.join(tmp, name)
+  first = train(wd, cache, fault)
+  second = train(wd, cache)
+  ok, how = equal_to(ref, wd)
+  resumed = "resumed from checkpoint step" in second.stdout + second.stderr
+  did = (f"killed (rc {first.returncode}); rerun rc {second.returncode}, "
+         f"{'resumed from a checkpoint' if resumed else 'started over (no checkpoint committed yet)'}")
+  return {"row": name, "injected": f"SIGKILL at {fault.rsplit(':', 1)[0].replace(':', ' #')}", "run": did,
+          "lost": not (ok and second.returncode == 0), "check": how}
+
+
+def _damage(step_dir: str, how: str) -> str:
+  if not os.path.isdir(step_dir):
+    raise FileNotFoundError(f"{step_dir}: the partial run saved no such checkpoint")
+  files = sorted((os.path.getsize(os.path.join(dp, f)), os.path.join(dp, f))
+                 for dp, _, fs in os.walk(step_dir) for f in fs if not f.startswith("manifest"))
+  target = files[-1][1]  # the largest file: array data
+  if how == "truncate":
+    with open(target, "r+b") as f:
+      f.truncate(max(1, os.path.getsize(target) // 2))
+  elif how == "delete":
+    os.remove(target)
+  elif how == "bitflip":
+    with open(target, "r+b") as f:
+      f.seek(os.path.getsize(target) // 2)
+      byte = f.read(1)
+      f.seek(-1, 1)
+      f.write(bytes([byte[0] ^ 0x10]))
+  elif how == "manifest":
+    os.remove(os.path.join(step_dir, "manifest.jaxrl.json"))
+  return os.path.relpath(target, step_dir) if how != "manifest" else "manifest.jaxrl.json"
+
+
+def run_damage(how, ref, tmp, cache, partial):
+  from jaxrl_llm.checkpointing import manifest as manifest_lib
+
+  wd = os.path.join(tmp, f"damage_{how}")
+  shutil.copytree(partial, wd)
+  step_dir = os.path.join(wd, "checkpoints", "4")
+  # The partial run died before it wrote step 4's manifest (written once the next save starts or the run
+  # ends); a run that lived on would have: write it, then damage the step.
+  if not manifest_lib.has_manifest(step_dir):
+    manifest_lib.write_manifest(step_dir)
+  what = _damage(step_dir, how)
+  rerun = train(wd, cache)
+  ok, check = equal_to(ref, wd)
+  said = rerun.stdout + rerun.stderr
+  if how == "manifest":  # no manifest: the step is trusted as Orbax committed it, and it is intact
+    behaved, did = "resumed from checkpoint step 4" in said, "resumed from step 4 (intact, no manifest to check)"
+  else:
+    behaved, did = "step 4 is damaged" in said and "resumed from checkpoint step 2" in said, \
+        "noticed the damage, resumed from step 2"
+  return {"row": f"damage_{how}", "injected": f"newest checkpoint (step 4): {how} {what}",
+          "run": f"rerun rc {rerun.returncode}; {did if behaved else 'did not say so: ' + said[-200:]}",
+          "lost": not (ok and rerun.returncode == 0 and behaved), "check": check}
+
+
+def run_then_rerun(name, fault, injected, ref, tmp, cache, *, expect_rc):
+  wd = os.path.join(tmp, name)
+  first = train(wd, cache, fault)
+  second = train(wd, cache)
+  ok, check = equal_to(ref, wd)
+  said = [line for line in (first.stdout + first.stderr).splitlines() if line.strip() and "Warning" not in line
+          and not line.startswith(" ")]
+  tail = (said or [""])[-1][:120]
+  return {"row": name, "injected": injected,
+          "run": f"rc {first.returncode} ({tail}); rerun rc {second.returncode}",
+          "lost": not (ok and second.returncode == 0 and first.returncode == expect_rc), "check": check}
+
+
+def run_counted(name, fault, injected, tmp, cache, *, key):
+  """A fault the run must absorb: it completes, counts the fault, never holds a non-finite parameter."""
+  wd = os.path.join(tmp, name)
+  proc = train(wd, cache, fault)
+  if proc.returncode != 0:
+    return {"row": name, "injected": injected, "run": f"rc {proc.returncode}: {proc.stderr[-200:]}",
+            "lost": True, "check": "the run did not complete"}
+  s = summary(wd)
+  counted = {"skipped_updates": s["skipped_updates"], "reward_failures": s["reward_failures"]}[key]
+  finite = all_finite(wd)
+  return {"row": name, "injected": injected,
+          "run": f"completed {s['rl_steps']} steps; {key} = {counted:g}",
+          "lost": not (finite and counted > 0), "check": "params finite" if finite else "NON-FINITE params"}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", required=True, help="JSON file of the rows")
+  ap.add_argument("--md", default="", help="also write the rows as a markdown table here")
+  ap.add_argument("--rows", default="", help="comma-separated row names or prefixes (default: all)")
+  args = ap.parse_args(argv)
+  rng = np.random.default_rng(0)
+  tmp = tempfile.mkdtemp(prefix="fault_matrix_")
+  cache = os.path.join(tmp, "jax_cache")
+  t0 = time.time()
+  ref = os.path.join(tmp, "reference")
+  proc = train(ref, cache)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+  def wanted(name):
+    return not args.rows or any(name.startswith(p) for p in args.rows.split(","))
+
+  rows = []
+  for name, fault in kill_rows(rng):
+    if wanted(name):
+      rows.append(run_kill(name, fault, ref, tmp, cache))
+  if any(wanted(f"damage_{h}") for h in ("truncate", "delete", "bitflip", "manifest")):
+    partial = os.path.join(tmp, "partial")  # checkpoints at steps 2 and 4 (written synchronously), killed in step 5
+    train(partial, cache, "rollout:5:kill", extra=["--config.checkpoint.async_save=False"])
+    for how in ("truncate", "delete", "bitflip", "manifest"):
+      if wanted(f"damage_{how}"):
+        rows.append(run_damage(how, ref, tmp, cache, partial))
+  if wanted("disk_full"):
+    rows.append(run_then_rerun("disk_full", "checkpoint_write:2:enospc", "ENOSPC while writing checkpoint step 4",
+                               ref, tmp, cache, expect_rc=1))
+  if wanted("sigterm"):
+    rows.append(run_then_rerun("sigterm", "update:3:term", "SIGTERM during step 3's update", ref, tmp, cache,
+                               expect_rc=143))
+  for name, fault, injected, key in (
+      ("nan_reward", "reward:70:nan", "NaN returned by one reward call", "reward_failures"),
+      ("nan_advantage", "advantage:2:nan", "NaN in step 2's advantages", "skipped_updates"),
+      ("nan_logits", "logits_nan:1:nan", "NaN logits in every update", "skipped_updates"),
+      ("nan_gradients", "grad_nan:1:nan", "NaN gradients in every update", "skipped_updates"),
+      ("reward_hangs", "reward:40:hang", "a reward call that hangs (timeout 2 s)", "reward_failures"),
+      ("reward_raises", "reward:40:raise", "a reward call that raises", "reward_failures")):
+    if wanted(name):
+      rows.append(run_counted(name, fault, injected, tmp, cache, key=key))
+  out = {"rows": rows, "all_safe": not any(r["lost"] for r in rows), "seconds": round(time.time() - t0, 1),
+         "load_avg": os.getloadavg(), "steps": STEPS, "workdir": tmp}
+  with open(args.out, "w") as f:
+    json.dump(out, f, indent=2)
+  if args.md:
+    lines = ["| row | injected | what the run did | lost | check |", "|---|---|---|---|---|"]
+    lines += [f"| {r['row']} | {r['injected']} | {r['run']} | {'**yes**' if r['lost'] else 'no'} | {r['check']} |"
+              for r in rows]
+    with open(args.md, "w") as f:
+      f.write("\n".join(lines) + "\n")
+  print(json.dumps({"rows": len(rows), "lost": [r["row"] for r in rows if r["lost"]], "seconds": out["seconds"]}))
+  shutil.rmtree(tmp, ignore_errors=True)
+  return 0 if out["all_safe"] else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
