@@ -156,7 +156,10 @@ def onto_mesh(tree, mesh: Mesh):
   devices = set(mesh.devices.flat)
 
   def place(x):
-    if getattr(x, "sharding", None) is not None and set(x.sharding.device_set) == devices:
+    # An uncommitted array (jnp.zeros outside jit, e.g. optax's step count) is placed too: the
+    # update's outputs are committed, and a jitted function seeing the two kinds compiles twice.
+    if (getattr(x, "sharding", None) is not None and set(x.sharding.device_set) == devices
+        and getattr(x, "committed", True)):
       return x
     return jax.device_put(x, replicated(mesh))
 

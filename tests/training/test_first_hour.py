@@ -143,3 +143,40 @@ def test_logged_lr_is_the_rate_the_step_used(tmp_path, quiet_log):
 def test_zero_rl_steps_saves_the_warm_started_model(tmp_path, quiet_log):
   make_trainer(_tiny(**{"train.steps": 0}), tmp_path, quiet_log).run()
   assert os.listdir(tmp_path / "checkpoints") == ["0"]
+
+
+def test_the_update_compiles_once(tmp_path, quiet_log):
+  # The optimizer's step count came uncommitted from optax's init and committed out of the first
+  # update: every method (DAPO's dynamic sampling included) compiled its update twice.
+  tr = make_trainer(_tiny("dapo", **{"train.steps": 3}), tmp_path, quiet_log)
+  state = tr.start_rl(tr.setup_extensions(tr.init_state(__import__("jax").random.key(0))))
+  for _ in range(3):
+    state, _ = tr.step(state)
+  assert tr.update_fn._cache_size() == 1
+
+
+def test_a_resumed_progress_bar_starts_at_its_step():
+  from jaxrl_llm.training.metrics import Progress
+
+  bar = Progress(30, True, "gspo", initial=20)
+  assert bar._bar.n == 20 and bar._bar.total == 30  # "20/30" at once, not "0/30" ending at "10/30"
+  bar.update({"reward/mean": 0.5})
+  assert bar._bar.n == 21
+  bar.close()
+
+
+def test_evaluate_keeps_greedy_and_sampled_results_and_warns_on_damage(tmp_path, quiet_log):
+  wd = tmp_path / "run"
+  make_trainer(_tiny(**{"checkpoint.every_steps": 1}), wd, quiet_log).run()
+  greedy = _cli("jaxrl_llm.evaluate", f"--workdir={wd}")
+  sampled = _cli("jaxrl_llm.evaluate", f"--workdir={wd}", "--n_samples=2", "--k=1,2")
+  assert greedy.returncode == 0 and sampled.returncode == 0, sampled.stderr[-2000:]
+  assert sorted(os.listdir(wd / "eval")) == ["step_2.json", "step_2_n2.json"]  # both kept
+  assert "pass@2" in json.load(open(wd / "eval" / "step_2_n2.json"))["steps"]["2"]
+  assert "INFO" not in greedy.stderr  # Orbax's restore log is quiet
+  largest = max((p for p in (wd / "checkpoints" / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  with open(largest, "r+b") as f:  # a cut-off copy of the newest step's array data
+    f.truncate(largest.stat().st_size // 2)
+  damaged = _cli("jaxrl_llm.evaluate", f"--workdir={wd}")
+  assert damaged.returncode == 0
+  assert "the newest checkpoint (step 2) is damaged; evaluated step 1" in damaged.stdout + damaged.stderr
