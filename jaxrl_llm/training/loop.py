@@ -63,18 +63,17 @@ class _StopRequest:
   def __init__(self):
     self.requested, self._old = False, None
 
-  def __enter__(self):
+  def install(self) -> None:
     try:
       self._old = signal.signal(signal.SIGTERM, self._on_term)
     except ValueError:  # not the main thread: no graceful stop
       self._old = None
-    return self
 
   def _on_term(self, signum, frame):
     del signum, frame
     self.requested = True
 
-  def __exit__(self, *exc):
+  def restore(self) -> None:
     if self._old is not None:
       signal.signal(signal.SIGTERM, self._old)
 
@@ -273,7 +272,7 @@ class Trainer:
     guard = SignalGuard(cfg.guard, self.log)
     stop = _StopRequest()
     try:
-      stop.__enter__()
+      stop.install()
       for _ in range(int(state.step), cfg.train.steps):
         state, metrics = self.step(state)
         step = int(state.step)
@@ -293,7 +292,7 @@ class Trainer:
           self.log(f"SIGTERM: stopping after step {step} (saved)")
           raise Stopped(step)
     finally:
-      stop.__exit__()
+      stop.restore()
       bar.close()
       writer.close()
       self.runner.close()
