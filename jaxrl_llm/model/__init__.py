@@ -1,4 +1,4 @@
-"""The decoder (Llama 3 / Qwen2 / Qwen3 families): config, params, forward
+"""The decoder (Llama 3 / Qwen2 / Qwen3 / Gemma 3 families): config, params, forward
 pass with KV cache. Sharding, Hugging Face interop, tokenizers and multi-host
 initialisation live in sibling modules (sharding, hf_io, hf_config,
 tokenizer, distributed) and are imported from there.

@@ -13,8 +13,24 @@ import jax.numpy as jnp
 from jaxrl_llm.checks import DTYPES, bad, check_choice, check_float, check_int
 
 REMAT_POLICIES = ("none", "full", "save_dots")
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
 ROPE_KINDS = ("linear", "llama3")
+# Attention kinds of a layer, spelled as Hugging Face's `layer_types`: a
+# global layer attends to every earlier token, a local (sliding-window) layer
+# to the last `sliding_window` positions only.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# Activation of the gated MLP: SwiGLU (silu) or GeGLU with tanh-GELU
+# (Hugging Face's "gelu_pytorch_tanh").
+MLP_ACTS = ("silu", "gelu_tanh")
+
+
+def pattern_layer_types(n_layers: int, pattern: int) -> tuple[str, ...]:
+  """Every `pattern`-th layer global, the others local (Gemma 3: pattern 6,
+  five local layers then one global), as Hugging Face expands the older
+  `sliding_window_pattern` field: layer i is local iff (i + 1) % pattern != 0."""
+  check_int("sliding_window_pattern", pattern, 1)
+  return tuple("sliding_attention" if (i + 1) % pattern else "full_attention"
+               for i in range(n_layers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +64,8 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape and numerics of a decoder-only transformer (Llama 3 / Qwen2 / Qwen3).
+  """Shape and numerics of a decoder-only transformer (Llama 3 / Qwen2 /
+  Qwen3 / Gemma 3), each family a setting of these fields, not a subclass.
 
   Fields:
     vocab_size: V, rows of the embedding table.
@@ -70,6 +87,29 @@ class ModelConfig:
       max_position_embeddings; positions are not clamped to it).
     family: which Hugging Face architecture the weights export to.
     init_std: standard deviation of the normal init of the matrices.
+    layer_types: None (every layer global) or one LAYER_TYPES entry per
+      layer; a "sliding_attention" (local) layer's query at position p
+      attends only to keys at positions p - sliding_window < p' <= p.
+    sliding_window: the local layers' window W in positions (the query's
+      own included, as Hugging Face's mask `kv > q - W`); set iff some layer
+      is local.
+    rope_local_theta: RoPE base of the local layers (Gemma's
+      rope_local_base_freq; no scaling there); None: the local layers use
+      rope_theta and rope_scaling like the global ones.
+    mlp_act: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma).
+    norm_plus_one: every RMSNorm scales by (1 + w), multiplied in float32
+      before the cast back (Gemma), instead of by w after it.
+    sandwich_norm: the attention and MLP outputs are RMS-normalised again
+      before the residual add (Gemma's post_attention / post_feedforward
+      norms).
+    embed_scale: token embeddings are multiplied by sqrt(d_model), the
+      factor rounded to the compute dtype first as Hugging Face does.
+    query_pre_attn_scalar: attention scores are scaled by its ** -0.5 (an
+      int, as Hugging Face's config has it); None: by head_dim ** -0.5.
+    attn_softcap: None, or c > 0: scores become c * tanh(scores / c) before
+      the mask and softmax (Gemma 2's attn_logit_softcapping; Gemma 3 sets
+      none, and transformers' Gemma3 ignores the field, so gemma3 import and
+      export refuse it).
   """
 
   vocab_size: int
@@ -91,6 +131,15 @@ class ModelConfig:
   max_position: int = 4096
   family: str = "llama"
   init_std: float = 0.02
+  layer_types: tuple[str, ...] | None = None
+  sliding_window: int | None = None
+  rope_local_theta: float | None = None
+  mlp_act: str = "silu"
+  norm_plus_one: bool = False
+  sandwich_norm: bool = False
+  embed_scale: bool = False
+  query_pre_attn_scalar: int | None = None
+  attn_softcap: float | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -108,13 +157,42 @@ class ModelConfig:
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise TypeError(
           f"ModelConfig.rope_scaling must be None or a RopeScaling, got {self.rope_scaling!r}")
-    for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+    for name in ("qkv_bias", "qk_norm", "tie_embeddings", "norm_plus_one", "sandwich_norm",
+                 "embed_scale"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
     check_choice("ModelConfig.param_dtype", self.param_dtype, DTYPES)
     check_choice("ModelConfig.compute_dtype", self.compute_dtype, DTYPES)
     check_choice("ModelConfig.remat", self.remat, REMAT_POLICIES)
     check_choice("ModelConfig.family", self.family, FAMILIES)
+    check_choice("ModelConfig.mlp_act", self.mlp_act, MLP_ACTS)
+    if self.query_pre_attn_scalar is not None:
+      check_int("ModelConfig.query_pre_attn_scalar", self.query_pre_attn_scalar, 1)
+    if self.attn_softcap is not None:
+      check_float("ModelConfig.attn_softcap", self.attn_softcap, 0.0, low_open=True)
+    self._check_layer_types()
+
+  def _check_layer_types(self):
+    if self.layer_types is not None:
+      if isinstance(self.layer_types, list):  # e.g. straight from JSON; the config must hash
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+      if not isinstance(self.layer_types, tuple) or len(self.layer_types) != self.n_layers:
+        raise bad("ModelConfig.layer_types", self.layer_types,
+                  f"allowed None or a tuple of n_layers={self.n_layers} entries from {LAYER_TYPES}")
+      for i, kind in enumerate(self.layer_types):
+        check_choice(f"ModelConfig.layer_types[{i}]", kind, LAYER_TYPES)
+    if self.has_local_layers:
+      if self.sliding_window is None:
+        raise bad("ModelConfig.sliding_window", None,
+                  "layer_types has sliding_attention layers: set their window (an int >= 1)")
+      check_int("ModelConfig.sliding_window", self.sliding_window, 1)
+      if self.rope_local_theta is not None:
+        check_float("ModelConfig.rope_local_theta", self.rope_local_theta, 0.0, low_open=True)
+    else:
+      for name in ("sliding_window", "rope_local_theta"):
+        if getattr(self, name) is not None:
+          raise bad(f"ModelConfig.{name}", getattr(self, name),
+                    "allowed only with sliding_attention layers in layer_types (there are none)")
 
   # -- derived ---------------------------------------------------------------
 
@@ -130,6 +208,28 @@ class ModelConfig:
   def group_size(self) -> int:
     """G: query heads per key/value head."""
     return self.n_heads // self.n_kv_heads
+
+  @property
+  def local_layers(self) -> tuple[bool, ...]:
+    """Per layer: True for a local (sliding-window) layer."""
+    if self.layer_types is None:
+      return (False,) * self.n_layers
+    return tuple(kind == "sliding_attention" for kind in self.layer_types)
+
+  @property
+  def has_local_layers(self) -> bool:
+    return any(self.local_layers)
+
+  @property
+  def local_rope_differs(self) -> bool:
+    """The local layers rotate with their own RoPE table (rope_local_theta)."""
+    return self.has_local_layers and self.rope_local_theta is not None
+
+  @property
+  def attn_scale(self) -> float:
+    """The factor on q.k: query_pre_attn_scalar ** -0.5, else head_dim ** -0.5."""
+    scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+    return scalar ** -0.5
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
@@ -148,6 +248,8 @@ class ModelConfig:
     d = dict(d)
     if isinstance(d.get("rope_scaling"), dict):
       d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+    if isinstance(d.get("layer_types"), list):
+      d["layer_types"] = tuple(d["layer_types"])
     return cls(**d)
 
   def num_params(self) -> int:
@@ -158,6 +260,8 @@ class ModelConfig:
       per_layer += n * h + 2 * k * h
     if self.qk_norm:
       per_layer += 2 * h
+    if self.sandwich_norm:
+      per_layer += 2 * d
     total = self.n_layers * per_layer + self.vocab_size * d + d
     if not self.tie_embeddings:
       total += d * self.vocab_size
@@ -231,6 +335,30 @@ class ModelConfig:
                 tie_embeddings=False, norm_eps=1e-5, max_position=131072, family="llama")
     return cls(**{**base, **overrides})
 
+  @classmethod
+  def gemma3_270m(cls, **overrides) -> "ModelConfig":
+    """Gemma 3 270M (google/gemma-3-270m): 268,098,176 params, 170M of them embedding."""
+    base = dict(vocab_size=262144, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1,
+                head_dim=256, d_ff=2048, sliding_window=512,
+                layer_types=pattern_layer_types(18, 6), **_GEMMA3)
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def gemma3_1b(cls, **overrides) -> "ModelConfig":
+    """Gemma 3 1B (google/gemma-3-1b-pt / -it), text only."""
+    base = dict(vocab_size=262144, d_model=1152, n_layers=26, n_heads=4, n_kv_heads=1,
+                head_dim=256, d_ff=6912, sliding_window=512,
+                layer_types=pattern_layer_types(26, 6), **_GEMMA3)
+    return cls(**{**base, **overrides})
+
+
+# What every Gemma 3 text model shares: GeGLU, (1 + w) sandwich norms and
+# QK-norm, scaled tied embeddings, 1/sqrt(256) attention scaling, RoPE bases
+# 1e6 (global) and 1e4 (local), 32k context.
+_GEMMA3 = dict(rope_theta=1e6, rope_local_theta=1e4, qk_norm=True, tie_embeddings=True,
+               norm_eps=1e-6, max_position=32768, family="gemma3", mlp_act="gelu_tanh",
+               norm_plus_one=True, sandwich_norm=True, embed_scale=True,
+               query_pre_attn_scalar=256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,4 +406,6 @@ MODEL_PRESETS = {
     "qwen3_8b": ModelConfig.qwen3_8b,
     "llama3_2_1b": ModelConfig.llama3_2_1b,
     "llama3_1_8b": ModelConfig.llama3_1_8b,
+    "gemma3_270m": ModelConfig.gemma3_270m,
+    "gemma3_1b": ModelConfig.gemma3_1b,
 }

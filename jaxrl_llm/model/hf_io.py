@@ -68,7 +68,15 @@ def name_table(cfg: ModelConfig) -> list[_Entry]:
       entries.append(_Entry(pre + name, ("layers", ours), i, hf_shape, to_ours, to_hf))
 
     add("input_layernorm.weight", "attn_norm_LD", (D,), *ident)
-    add("post_attention_layernorm.weight", "mlp_norm_LD", (D,), *ident)
+    if cfg.sandwich_norm:
+      # Gemma: post_attention_layernorm normalises the attention output;
+      # pre_feedforward_layernorm is the norm before the MLP.
+      add("post_attention_layernorm.weight", "attn_post_norm_LD", (D,), *ident)
+      add("pre_feedforward_layernorm.weight", "mlp_norm_LD", (D,), *ident)
+      add("post_feedforward_layernorm.weight", "mlp_post_norm_LD", (D,), *ident)
+    else:
+      # Llama / Qwen: post_attention_layernorm is the norm before the MLP.
+      add("post_attention_layernorm.weight", "mlp_norm_LD", (D,), *ident)
     add("self_attn.q_proj.weight", "wq_LDNH", (N * H, D),
         lambda w: w.T.reshape(D, N, H), lambda a: a.reshape(D, N * H).T)
     add("self_attn.k_proj.weight", "wk_LDKH", (K * H, D),

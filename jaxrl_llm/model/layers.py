@@ -1,9 +1,11 @@
-"""Decoder building blocks: RMSNorm, RoPE (with linear / Llama 3 scaling),
-grouped-query attention over a slot axis, SwiGLU.
+"""Decoder building blocks: RMSNorm (w or Gemma's 1 + w), RoPE (with linear /
+Llama 3 scaling), grouped-query attention over a slot axis (optionally
+soft-capped), the gated MLP (SwiGLU or GeGLU).
 
 Numerics follow the Hugging Face reference implementations: RMSNorm
-normalises in float32 and casts back before the scale; RoPE tables are
-float32 (rotate-half layout); attention scores and softmax are float32.
+normalises in float32 and casts back before the scale (Gemma: scales in
+float32, then casts); RoPE tables are float32 (rotate-half layout);
+attention scores and softmax are float32.
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ import numpy as np
 from jaxrl_llm.model.config import ModelConfig, RopeScaling
 
 
-def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float, plus_one: bool = False) -> jax.Array:
   """y = scale * x / sqrt(mean(x^2) + eps), the mean over the last axis.
 
+  plus_one (Gemma): y = (1 + scale) * x / sqrt(mean(x^2) + eps), the product
+  taken in float32 and cast back after it, where the plain form casts the
+  normalised x back first and multiplies in x's dtype (as Hugging Face's
+  Gemma3RMSNorm and LlamaRMSNorm do: they differ in bf16).
   Works for any leading shape (also the per-head q/k norm over H).
   """
   x32 = x_BTD.astype(jnp.float32)
   var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  shape = (1,) * (x_BTD.ndim - 1) + scale_D.shape
+  if plus_one:
+    scale32 = 1.0 + scale_D.astype(jnp.float32).reshape(shape)
+    return (x32 * jax.lax.rsqrt(var + eps) * scale32).astype(x_BTD.dtype)
   normed = (x32 * jax.lax.rsqrt(var + eps)).astype(x_BTD.dtype)
-  scale = scale_D.astype(x_BTD.dtype).reshape((1,) * (x_BTD.ndim - 1) + scale_D.shape)
+  scale = scale_D.astype(x_BTD.dtype).reshape(shape)
   return scale * normed
 
 
@@ -56,9 +66,16 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
   return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_tables(positions_BT: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
-  """cos_BTH, sin_BTH (float32) for the rotate-half layout."""
-  inv_freq = jnp.asarray(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+def rope_tables(positions_BT: jax.Array, cfg: ModelConfig, local: bool = False
+                ) -> tuple[jax.Array, jax.Array]:
+  """cos_BTH, sin_BTH (float32) for the rotate-half layout; local=True: the
+  local layers' table (base rope_local_theta, no scaling) when the config
+  gives them one."""
+  if local and cfg.rope_local_theta is not None:
+    theta, scaling = cfg.rope_local_theta, None
+  else:
+    theta, scaling = cfg.rope_theta, cfg.rope_scaling
+  inv_freq = jnp.asarray(rope_inv_freq(cfg.head_dim, theta, scaling))
   angles_BTh = positions_BT.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]
   angles_BTH = jnp.concatenate([angles_BTh, angles_BTh], axis=-1)
   return jnp.cos(angles_BTH), jnp.sin(angles_BTH)
@@ -75,8 +92,12 @@ def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax
 
 
 def attention(q_BTNH: jax.Array, k_BKHS: jax.Array, v_BKSH: jax.Array,
-              allowed_BTS: jax.Array) -> jax.Array:
-  """Softmax(q k^T / sqrt(H)) v over the allowed (query, slot) pairs; GQA.
+              allowed_BTS: jax.Array, *, scale: float | None = None,
+              softcap: float | None = None) -> jax.Array:
+  """Softmax(q k^T * scale) v over the allowed (query, slot) pairs; GQA.
+
+  scale defaults to 1 / sqrt(H). softcap c (Gemma 2): the scaled scores
+  become c * tanh(scores / c) before the mask.
 
   Keys come transposed, [B, K, H, S], and values head-major, [B, K, S, H]
   (the KV cache's layouts), so q k^T and p v are both plain batched matmuls
@@ -91,7 +112,9 @@ def attention(q_BTNH: jax.Array, k_BKHS: jax.Array, v_BKSH: jax.Array,
   K = k_BKHS.shape[1]
   q_BKGTH = jnp.transpose(q_BTNH.reshape(B, T, K, N // K, H), (0, 2, 3, 1, 4))
   scores_BKGTS = jnp.einsum("BKGTH,BKHS->BKGTS", q_BKGTH, k_BKHS,
-                            preferred_element_type=jnp.float32) * (H ** -0.5)
+                            preferred_element_type=jnp.float32) * (H ** -0.5 if scale is None else scale)
+  if softcap is not None:
+    scores_BKGTS = softcap * jnp.tanh(scores_BKGTS / softcap)
   allowed_B11TS = allowed_BTS[:, None, None, :, :]
   scores_BKGTS = jnp.where(allowed_B11TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
   probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1)
@@ -101,9 +124,17 @@ def attention(q_BTNH: jax.Array, k_BKHS: jax.Array, v_BKSH: jax.Array,
   return jnp.transpose(out_BKGTH, (0, 3, 1, 2, 4)).reshape(B, T, N, H)
 
 
-def swiglu(x_BTD: jax.Array, w_gate_DF: jax.Array, w_up_DF: jax.Array,
-           w_down_FD: jax.Array) -> jax.Array:
-  """down(silu(x W_gate) * (x W_up))."""
+def gated_mlp(x_BTD: jax.Array, w_gate_DF: jax.Array, w_up_DF: jax.Array,
+              w_down_FD: jax.Array, act: str = "silu") -> jax.Array:
+  """down(act(x W_gate) * (x W_up)): SwiGLU with act="silu", GeGLU with
+  act="gelu_tanh" (the tanh approximation of GELU, PyTorch's
+  gelu(approximate="tanh"))."""
   gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, w_gate_DF)
   up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, w_up_DF)
-  return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BTF) * up_BTF, w_down_FD)
+  if act == "silu":
+    hidden_BTF = jax.nn.silu(gate_BTF) * up_BTF
+  elif act == "gelu_tanh":
+    hidden_BTF = jax.nn.gelu(gate_BTF, approximate=True) * up_BTF
+  else:
+    raise ValueError(f"gated_mlp: act={act!r} is not one of ('silu', 'gelu_tanh')")
+  return jnp.einsum("BTF,FD->BTD", hidden_BTF, w_down_FD)

@@ -5,7 +5,12 @@ Params are a plain nested dict of arrays:
     {"embed_VD", "final_norm_D", ["lm_head_DV"],
      "layers": {"attn_norm_LD", "wq_LDNH", "wk_LDKH", "wv_LDKH", "wo_LNHD",
                 ["bq_LNH", "bk_LKH", "bv_LKH"], ["q_norm_LH", "k_norm_LH"],
-                "mlp_norm_LD", "w_gate_LDF", "w_up_LDF", "w_down_LFD"}}
+                ["attn_post_norm_LD"], "mlp_norm_LD", "w_gate_LDF", "w_up_LDF",
+                "w_down_LFD", ["mlp_post_norm_LD"]}}
+
+attn_norm / mlp_norm are the norms before attention and the MLP;
+attn_post_norm / mlp_post_norm (cfg.sandwich_norm, Gemma) those on their
+outputs. With cfg.norm_plus_one a norm scales by 1 + w, so its w starts at 0.
 
 Layers are stacked along a leading L axis so the forward pass is one
 `lax.scan` (compile time independent of depth). The same table drives
@@ -34,13 +39,14 @@ def param_specs(cfg: ModelConfig) -> dict:
   """Nested dict (same structure as the params) of ParamSpec."""
   L, D, N, K, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
                          cfg.head_dim, cfg.d_ff, cfg.vocab_size)
+  unit = "zeros" if cfg.norm_plus_one else "ones"  # the init that makes a norm's scale 1
   layers = {
-      "attn_norm_LD": ParamSpec((L, D), ("layers", "norm"), "ones"),
+      "attn_norm_LD": ParamSpec((L, D), ("layers", "norm"), unit),
       "wq_LDNH": ParamSpec((L, D, N, H), ("layers", "embed", "heads", "head_dim"), "normal"),
       "wk_LDKH": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
       "wv_LDKH": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
       "wo_LNHD": ParamSpec((L, N, H, D), ("layers", "heads", "head_dim", "embed"), "normal"),
-      "mlp_norm_LD": ParamSpec((L, D), ("layers", "norm"), "ones"),
+      "mlp_norm_LD": ParamSpec((L, D), ("layers", "norm"), unit),
       "w_gate_LDF": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
       "w_up_LDF": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
       "w_down_LFD": ParamSpec((L, F, D), ("layers", "mlp", "embed"), "normal"),
@@ -50,12 +56,15 @@ def param_specs(cfg: ModelConfig) -> dict:
     layers["bk_LKH"] = ParamSpec((L, K, H), ("layers", "kv_heads", "head_dim"), "zeros")
     layers["bv_LKH"] = ParamSpec((L, K, H), ("layers", "kv_heads", "head_dim"), "zeros")
   if cfg.qk_norm:
-    layers["q_norm_LH"] = ParamSpec((L, H), ("layers", "norm"), "ones")
-    layers["k_norm_LH"] = ParamSpec((L, H), ("layers", "norm"), "ones")
+    layers["q_norm_LH"] = ParamSpec((L, H), ("layers", "norm"), unit)
+    layers["k_norm_LH"] = ParamSpec((L, H), ("layers", "norm"), unit)
+  if cfg.sandwich_norm:
+    layers["attn_post_norm_LD"] = ParamSpec((L, D), ("layers", "norm"), unit)
+    layers["mlp_post_norm_LD"] = ParamSpec((L, D), ("layers", "norm"), unit)
   specs = {
       "embed_VD": ParamSpec((V, D), ("vocab", "embed"), "normal"),
       "layers": layers,
-      "final_norm_D": ParamSpec((D,), ("norm",), "ones"),
+      "final_norm_D": ParamSpec((D,), ("norm",), unit),
   }
   if not cfg.tie_embeddings:
     specs["lm_head_DV"] = ParamSpec((D, V), ("embed", "vocab"), "normal")
@@ -78,7 +87,8 @@ def param_shapes(cfg: ModelConfig) -> dict:
 
 
 def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
-  """Random params: N(0, init_std) matrices, unit norm scales, zero biases.
+  """Random params: N(0, init_std) matrices, unit norm scales (w = 1, or
+  w = 0 under cfg.norm_plus_one), zero biases.
 
   Pure and jittable (cfg static), so a sharded init is
   `jax.jit(init_params, static_argnums=0, out_shardings=...)`, see sharding.py.

@@ -172,7 +172,8 @@ def cache_sharding(cfg: ModelConfig, mesh: Mesh):
   check_divisible(cfg, mesh)
   kv = (NamedSharding(mesh, P(BATCH_AXES, LOGICAL_RULES["kv_heads"], None, None)),) * cfg.n_layers
   return KVCache(k_BKHS=kv, v_BKSH=kv, mask_BS=batch_sharding(mesh, 2),
-                 index=replicated(mesh))
+                 index=replicated(mesh),
+                 positions_BS=batch_sharding(mesh, 2) if cfg.has_local_layers else None)
 
 
 def unsharded_params(cfg: ModelConfig, mesh: Mesh, min_size: int = 1) -> list[str]:

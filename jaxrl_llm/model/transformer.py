@@ -1,5 +1,9 @@
 """The decoder forward pass as pure functions of a params pytree.
 
+Local (sliding-window) and global layers share the one block: each layer's
+kind only picks its RoPE table and attention mask, both built once per call
+(see _pick), so a model that mixes them still runs its layers as one scan.
+
 Design: plain functions over a nested dict of arrays rather than Flax NNX
 modules. The train step must be a pure function of params anyway; with a
 plain dict the sharding annotations are one parallel tree of logical axes
@@ -27,8 +31,14 @@ _REMAT_POLICIES = {
 
 
 def embed(params: dict, cfg: ModelConfig, tokens_BT: jax.Array) -> jax.Array:
-  """Token embeddings in the compute dtype."""
-  return jnp.take(params["embed_VD"], tokens_BT, axis=0).astype(cfg.compute_jnp_dtype)
+  """Token embeddings in the compute dtype; times sqrt(D) with cfg.embed_scale."""
+  dt = cfg.compute_jnp_dtype
+  x_BTD = jnp.take(params["embed_VD"], tokens_BT, axis=0).astype(dt)
+  if cfg.embed_scale:
+    # The factor is rounded to the compute dtype first, as Hugging Face's Gemma
+    # does (bf16: sqrt(640) = 25.298 becomes 25.25).
+    x_BTD = x_BTD * jnp.asarray(cfg.d_model ** 0.5, dt)
+  return x_BTD
 
 
 def lm_head(params: dict, cfg: ModelConfig) -> jax.Array:
@@ -48,7 +58,7 @@ def logits(params: dict, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
 def _qkv(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH):
   """Attention inputs of one block: q_BTNH, and the T new k_BTKH, v_BTKH
   (after bias, QK-norm and RoPE, as the cache stores them)."""
-  h_BTD = nn.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps)
+  h_BTD = nn.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps, cfg.norm_plus_one)
   q_BTNH = jnp.einsum("BTD,DNH->BTNH", h_BTD, p["wq_DNH"])
   k_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, p["wk_DKH"])
   v_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, p["wv_DKH"])
@@ -57,19 +67,29 @@ def _qkv(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH):
     k_BTKH = k_BTKH + p["bk_KH"][None, None]
     v_BTKH = v_BTKH + p["bv_KH"][None, None]
   if cfg.qk_norm:
-    q_BTNH = nn.rms_norm(q_BTNH, p["q_norm_H"], cfg.norm_eps)
-    k_BTKH = nn.rms_norm(k_BTKH, p["k_norm_H"], cfg.norm_eps)
+    q_BTNH = nn.rms_norm(q_BTNH, p["q_norm_H"], cfg.norm_eps, cfg.norm_plus_one)
+    k_BTKH = nn.rms_norm(k_BTKH, p["k_norm_H"], cfg.norm_eps, cfg.norm_plus_one)
   return (nn.apply_rope(q_BTNH, cos_BTH, sin_BTH), nn.apply_rope(k_BTKH, cos_BTH, sin_BTH),
           v_BTKH)
 
 
 def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
-  """The rest of one pre-norm block, given the keys and values to attend over."""
+  """The rest of one pre-norm block, given the keys and values to attend over
+  (with cfg.sandwich_norm, each branch's output is normalised again before
+  the residual add)."""
   dt = cfg.compute_jnp_dtype
-  attn_BTNH = nn.attention(q_BTNH, k_BKHS.astype(dt), v_BKSH.astype(dt), allowed_BTS)
-  x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, p["wo_NHD"])
-  h_BTD = nn.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps)
-  return x_BTD + nn.swiglu(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"])
+  plus_one = cfg.norm_plus_one
+  attn_BTNH = nn.attention(q_BTNH, k_BKHS.astype(dt), v_BKSH.astype(dt), allowed_BTS,
+                           scale=cfg.attn_scale, softcap=cfg.attn_softcap)
+  out_BTD = jnp.einsum("BTNH,NHD->BTD", attn_BTNH, p["wo_NHD"])
+  if cfg.sandwich_norm:
+    out_BTD = nn.rms_norm(out_BTD, p["attn_post_norm_D"], cfg.norm_eps, plus_one)
+  x_BTD = x_BTD + out_BTD
+  h_BTD = nn.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps, plus_one)
+  out_BTD = nn.gated_mlp(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"], cfg.mlp_act)
+  if cfg.sandwich_norm:
+    out_BTD = nn.rms_norm(out_BTD, p["mlp_post_norm_D"], cfg.norm_eps, plus_one)
+  return x_BTD + out_BTD
 
 
 def _cast_layer(cfg: ModelConfig, layer_params: dict) -> dict:
@@ -103,6 +123,19 @@ def unstack_layers(params: dict) -> dict:
                                     for l in range(n_layers))}
 
 
+def _pick(local, local_value, global_value):
+  """The local or the global variant of a per-layer input (a RoPE table, the
+  attention mask). `local` is a Python bool where the layer's kind is known
+  when tracing (the unrolled loop, a model of one kind), else a traced bool
+  scalar (a scan over mixed layers): then both variants are computed once
+  outside the scan and this selects between them inside the body."""
+  if local_value is global_value:
+    return global_value
+  if isinstance(local, bool):
+    return local_value if local else global_value
+  return jax.tree.map(lambda a, b: jnp.where(local, a, b), local_value, global_value)
+
+
 def _bkth(x_BTKH: jax.Array) -> jax.Array:
   return jnp.transpose(x_BTKH, (0, 2, 1, 3))
 
@@ -121,12 +154,16 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
         f"forward: positions_BT {positions_BT.shape} and mask_BT {mask_BT.shape} must both "
         f"have the tokens' shape {(B, T)}")
   mask_BT = mask_BT.astype(jnp.bool_)
-  cos_BTH, sin_BTH = nn.rope_tables(positions_BT, cfg)
+  rope_global = nn.rope_tables(positions_BT, cfg)
+  rope_local = nn.rope_tables(positions_BT, cfg, local=True) if cfg.local_rope_differs else rope_global
   slots_T = jnp.arange(T, dtype=jnp.int32)
+  kv_positions_BS = None
   if cache is None:
     index = jnp.zeros((), jnp.int32)
     kv_mask_BS = mask_BT
     slots_S = slots_T
+    if cfg.has_local_layers:
+      kv_positions_BS = positions_BT
   else:
     S = cache.length
     if len(cache.k_BKHS) != cfg.n_layers or cache.k_BKHS[0].shape[0] != B:
@@ -138,14 +175,33 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     index = cache.index
     kv_mask_BS = jax.lax.dynamic_update_slice(cache.mask_BS, mask_BT, (0, index))
     slots_S = jnp.arange(S, dtype=jnp.int32)
+    if cfg.has_local_layers:
+      if cache.positions_BS is None:
+        raise ValueError("forward: this model has sliding-window layers and needs a cache with "
+                         "positions_BS (make it with init_cache(cfg, ...))")
+      kv_positions_BS = jax.lax.dynamic_update_slice(
+          cache.positions_BS, positions_BT.astype(jnp.int32), (0, index))
   q_slots_T = index + slots_T
-  allowed_BTS = (kv_mask_BS[:, None, :]
-                 & (slots_S[None, None, :] <= q_slots_T[None, :, None]))
+  allowed_global_BTS = (kv_mask_BS[:, None, :]
+                        & (slots_S[None, None, :] <= q_slots_T[None, :, None]))
+  allowed_local_BTS = allowed_global_BTS
+  if cfg.has_local_layers:
+    # A local layer's window is in positions, q - W < k <= q: the last W
+    # tokens of the row, however padding spreads them over the slots.
+    in_window_BTS = (positions_BT[:, :, None] - kv_positions_BS[:, None, :]) < cfg.sliding_window
+    allowed_local_BTS = allowed_global_BTS & in_window_BTS
+  # Each layer's kind: static where all layers share it, else a per-layer
+  # flag that rides through the scan with the weights (local_L below).
+  static_local = None if 0 < sum(cfg.local_layers) < cfg.n_layers else cfg.local_layers[0]
+  local_L = None if static_local is not None else jnp.asarray(cfg.local_layers)
 
-  def block(x_BTD, layer_params, k_BKHS=None, v_BKSH=None):
-    """One layer; with a cache layer (k_BKHS, v_BKSH) its T new slots are
-    written first (in place in a donated or loop-carried buffer)."""
+  def block(x_BTD, layer_params, local, k_BKHS=None, v_BKSH=None):
+    """One layer (local: its kind, see _pick); with a cache layer (k_BKHS,
+    v_BKSH) its T new slots are written first (in place in a donated or
+    loop-carried buffer)."""
     p = _cast_layer(cfg, layer_params)
+    cos_BTH, sin_BTH = _pick(local, rope_local, rope_global)
+    allowed_BTS = _pick(local, allowed_local_BTS, allowed_global_BTS)
     q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
     if k_BKHS is None:
       k_BKHS, v_BKSH = _bkht(k_BTKH), _bkth(v_BTKH)
@@ -164,36 +220,42 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     # copy of each at every step).
     k_layers, v_layers = [], []
     for layer, layer_params in enumerate(layers):
+      local = cfg.local_layers[layer]
       if cache is None:
-        x_BTD, _, _ = block(x_BTD, layer_params)
+        x_BTD, _, _ = block(x_BTD, layer_params, local)
       else:
-        x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, cache.k_BKHS[layer], cache.v_BKSH[layer])
+        x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, local, cache.k_BKHS[layer],
+                                      cache.v_BKSH[layer])
         k_layers.append(k_BKHS)
         v_layers.append(v_BKSH)
     if cache is not None:
       new_cache = KVCache(k_BKHS=tuple(k_layers), v_BKSH=tuple(v_layers), mask_BS=kv_mask_BS,
-                          index=index + T)
+                          index=index + T, positions_BS=kv_positions_BS)
   elif cache is None:
     # Stacked layers: a scan, one copy of the block in the program
     # (optionally rematerialised in the backward pass).
-    def body(x_BTD, layer_params):
-      return block(x_BTD, layer_params)[0], None
+    def body(x_BTD, xs):
+      layer_params, flag = xs
+      return block(x_BTD, layer_params, static_local if flag is None else flag)[0], None
     if cfg.remat != "none":
       body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
-    x_BTD, _ = jax.lax.scan(body, x_BTD, layers)
+    x_BTD, _ = jax.lax.scan(body, x_BTD, (layers, local_L))
   else:
     # Stacked layers with a cache (a prefill): the per-layer cache buffers
     # are stacked to ride through the scan as xs/ys and split again after
     # it, one copy of the cache each way per call (fine once per prefill,
     # not per decode step), for a program of one block instead of L.
     def body(x_BTD, xs):
-      x_BTD, k_BKHS, v_BKSH = block(x_BTD, *xs)
+      layer_params, flag, k_BKHS, v_BKSH = xs
+      x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, static_local if flag is None else flag,
+                                    k_BKHS, v_BKSH)
       return x_BTD, (k_BKHS, v_BKSH)
     x_BTD, (k_LBKHS, v_LBKSH) = jax.lax.scan(
-        body, x_BTD, (layers, jnp.stack(cache.k_BKHS), jnp.stack(cache.v_BKSH)))
+        body, x_BTD, (layers, local_L, jnp.stack(cache.k_BKHS), jnp.stack(cache.v_BKSH)))
     new_cache = KVCache(k_BKHS=tuple(k_LBKHS), v_BKSH=tuple(v_LBKSH), mask_BS=kv_mask_BS,
-                        index=index + T)
-  hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps)
+                        index=index + T, positions_BS=kv_positions_BS)
+  hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps,
+                           cfg.norm_plus_one)
   return hidden_BTD, new_cache
 
 
