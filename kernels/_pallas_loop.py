@@ -28,10 +28,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_llm.kernels._xla_loop import Tile, _onehot_gather, _reduce_like
+from jaxrl_llm.kernels._xla_loop import (Tile, _onehot_gather, _out_struct,
+                                         _reduce_like)
 from jaxrl_llm.kernels.config import MASK_VALUE, VocabTiles
 
 _HI = lax.Precision.HIGHEST
+# Explicit: without it, jax 0.10's GPU lowering picks Mosaic GPU, which these
+# Triton-style kernels (masked loads, whole-array w blocks) are not written for.
+_TRITON = plgpu.CompilerParams()
 
 
 def _pad_rows(x, n_pad: int):
@@ -111,12 +115,13 @@ def forward(sources, step_fn, init_fn, rows, *, tiles: VocabTiles,
   in_specs = ([pl.BlockSpec((bn, dp), lambda i: (i, 0)) for dp in dps]
               + [pl.BlockSpec((dp, v), lambda i: (0, 0)) for dp in dps]
               + [_row_spec(r.shape, bn) for r in rows_flat])
-  out_shape = [jax.ShapeDtypeStruct((n_pad,) + s.shape[1:], s.dtype)
+  out_shape = [_out_struct((n_pad,) + s.shape[1:], s.dtype, hs + ws + rows_flat)
                for s in carry_flat_shapes]
   out = pl.pallas_call(
       kernel, grid=(n_pad // bn,), in_specs=in_specs,
       out_specs=[_row_spec(s.shape, bn) for s in out_shape],
-      out_shape=out_shape, interpret=interpret, name="vocab_stream_fwd",
+      out_shape=out_shape, compiler_params=_TRITON, interpret=interpret,
+      name="vocab_stream_fwd",
   )(*hs, *ws, *rows_flat)
   return jax.tree.unflatten(carry_tree, [o[:n] for o in out])
 
@@ -168,8 +173,8 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret: bool):
                 + [pl.BlockSpec((dp, v), lambda i: (0, 0)) for dp in dps]
                 + [_row_spec(r.shape, bn) for r in rows_flat]),
       out_specs=pl.BlockSpec((bn, dps[0]), lambda i: (i, 0)),
-      out_shape=jax.ShapeDtypeStruct((n_pad, dims[0]), h0.dtype),
-      interpret=interpret, name="vocab_stream_bwd_dh",
+      out_shape=_out_struct((n_pad, dims[0]), h0.dtype, hs + ws + rows_flat),
+      compiler_params=_TRITON, interpret=interpret, name="vocab_stream_bwd_dh",
   )(*hs, *ws, *rows_flat)
 
   def dw_kernel(*refs):
@@ -203,7 +208,7 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret: bool):
                 + [pl.BlockSpec(r.shape, functools.partial(
                     lambda nd, j: (0,) * nd, r.ndim)) for r in rows_flat]),
       out_specs=pl.BlockSpec((dps[0], bv), lambda j: (0, j)),
-      out_shape=jax.ShapeDtypeStruct(w0.shape, w0.dtype),
-      interpret=interpret, name="vocab_stream_bwd_dw",
+      out_shape=_out_struct(w0.shape, w0.dtype, hs + ws + rows_flat),
+      compiler_params=_TRITON, interpret=interpret, name="vocab_stream_bwd_dw",
   )(*hs, *ws, *rows_flat)
   return _reduce_like(dh[:n], h0), _reduce_like(dw, w0)

@@ -140,6 +140,16 @@ def _vary_like(tree, refs):
   return jax.tree.map(vary, tree)
 
 
+def _out_struct(shape, dtype, inputs):
+  """A pallas_call output's type. Inside shard_map (check_vma) it must say
+  which mesh axes it varies over: those its inputs vary over. Outside, that
+  set is empty."""
+  mat = jax.typeof(inputs[0]).manual_axis_type
+  if mat is not None:
+    mat = type(mat)(varying=frozenset().union(*(_vma(x) for x in inputs)))
+  return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
+
+
 def _reduce_like(ct, primal):
   """Sums a cotangent over the axes its primal is replicated on (shard_map):
   each device holds the contribution of its own rows."""

@@ -7,11 +7,16 @@ through one of four implementations, chosen by ``impl``:
   baseline the benchmark compares against, and the oracle of the tests.
 - ``"xla_chunked"``: a hand-written ``custom_vjp`` whose forward and backward
   loop over vocabulary chunks in XLA, never holding more than N x chunk logits.
-- ``"pallas"``: the same streaming maths as Pallas kernels (GPU/Triton style:
-  one program per row block, a loop over vocabulary blocks inside). Runs
-  compiled on a GPU backend, or on any backend with ``interpret=True``.
-- ``"auto"``: ``"pallas"`` on GPU, ``"xla_chunked"`` elsewhere (CPU, and TPU,
-  where these GPU-style kernels would have to hold ``w_DV`` in VMEM).
+- ``"pallas"``: the same streaming maths as Pallas kernels, in the style of the
+  backend: on GPU the Triton kernels (``_pallas_loop``: one program per row
+  block, a loop over vocabulary blocks inside); on TPU the Mosaic kernels
+  (``_mosaic_loop``: a (row blocks, vocabulary blocks) grid, ``w_DV`` streamed
+  in (D, block_v) tiles, accumulators in VMEM scratch). On CPU only in an
+  interpreter, chosen by ``interpret`` (see ``resolve_impl``).
+- ``"auto"``: ``"pallas"`` on GPU and TPU, ``"xla_chunked"`` on CPU.
+
+``resolve_impl`` turns (impl, interpret) into one of the concrete paths
+``RESOLVED_IMPLS``, which is what the ops' ``custom_vjp`` dispatch on.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.checks import check_choice
+from jax.experimental.pallas import tpu as pltpu
+
+from jaxrl_llm.checks import bad, check_choice, check_int
 
 IMPLS = ("auto", "pallas", "xla_chunked", "naive")
+# What resolve_impl returns: "pallas" becomes the kernels of one style.
+RESOLVED_IMPLS = ("naive", "xla_chunked", "pallas_triton", "pallas_mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,21 +54,40 @@ def _is_power_of_two(x: int) -> bool:
   return x > 0 and (x & (x - 1)) == 0
 
 
+MIB = 1 << 20
+
+
 @dataclasses.dataclass(frozen=True)
 class VocabTiles:
   """Tile sizes of the streaming vocab ops.
 
   Attributes:
-    block_n: rows (tokens) per Pallas program. Power of two, >= 16 (Triton's
+    block_n: rows (tokens) per Triton program. Power of two, >= 16 (Triton's
       dot needs every operand dim >= 16).
-    block_v: vocabulary columns per Pallas loop step. Power of two, >= 16.
+    block_v: vocabulary columns per Triton loop step. Power of two, >= 16.
     chunk_v: vocabulary columns per step of the chunked-XLA loop; the loop holds
       a few N x chunk_v f32 temporaries. Clipped to V at call time.
+    tpu_block_n: rows per block of the TPU (Mosaic) kernels, a multiple of 8
+      (the sublanes of a TPU tile), or None: chosen per kernel from
+      ``tpu_vmem_bytes`` (``_mosaic_budget``). A value >= N means one block of
+      all rows.
+    tpu_block_v: vocabulary columns per block of the TPU kernels, a multiple
+      of 128 (the lanes of a TPU tile), or None: chosen from the budget. A
+      value >= V means one block of all columns.
+    tpu_vmem_bytes: the VMEM budget (bytes) the TPU kernels' tiles must fit:
+      double-buffered input and output blocks, scratch and f32 temporaries,
+      by the formula in ``_mosaic_budget`` (kernels/README.md has a table).
+      The Mosaic compiler gets a limit 25% above it. The default, 32 MiB, fits
+      every TPU generation with 64 MiB or more of VMEM per core (v5e, v5p,
+      v6e, v7x); lower it for smaller ones.
   """
 
   block_n: int = 32
   block_v: int = 256
   chunk_v: int = 4096
+  tpu_block_n: int | None = None
+  tpu_block_v: int | None = None
+  tpu_vmem_bytes: int = 32 * MIB
 
   def __post_init__(self):
     for name in ("block_n", "block_v"):
@@ -70,24 +98,64 @@ class VocabTiles:
     if not isinstance(self.chunk_v, int) or self.chunk_v < 1:
       raise ValueError(
           f"VocabTiles.chunk_v={self.chunk_v!r}: must be a positive int")
+    for name, multiple in (("tpu_block_n", 8), ("tpu_block_v", 128)):
+      value = getattr(self, name)
+      if value is None:
+        continue
+      check_int(f"VocabTiles.{name}", value, multiple)
+      if value % multiple:
+        raise bad(f"VocabTiles.{name}", value,
+                  f"must be a multiple of {multiple} (TPU tiles are 8 x 128) "
+                  "or None (chosen from tpu_vmem_bytes)")
+    check_int("VocabTiles.tpu_vmem_bytes", self.tpu_vmem_bytes, MIB)
 
 
-def resolve_impl(impl: str, interpret: bool | None) -> tuple[str, bool]:
-  """Maps (impl, interpret) to a concrete implementation and interpret flag."""
-  if impl not in IMPLS:
-    raise ValueError(f"impl={impl!r}: must be one of {IMPLS}")
-  if interpret is not None and not isinstance(interpret, bool):
-    raise TypeError(f"interpret={interpret!r}: must be a bool or None")
+def resolve_impl(impl: str, interpret=None) -> tuple[str, object]:
+  """Maps (impl, interpret) to the path the ops run: (resolved, interpret).
+
+  Args:
+    impl: one of ``IMPLS``. "auto" is "pallas" on GPU and TPU, "xla_chunked"
+      on CPU (whatever ``interpret`` says).
+    interpret: only read for impl "pallas":
+      - None or False: compile the kernels of the backend, Triton on GPU,
+        Mosaic on TPU (an error on CPU);
+      - True: the Triton kernels in Pallas's generic interpreter, on any
+        backend (the GPU-style tests on CPU);
+      - a ``jax.experimental.pallas.tpu.InterpretParams``: the Mosaic
+        kernels in Pallas's TPU interpret mode, on any backend, with its
+        checks as configured (e.g. ``detect_races=True``,
+        ``uninitialized_memory="nan"``: the TPU tests on CPU).
+
+  Returns:
+    ``(resolved, interpret)`` with ``resolved`` one of ``RESOLVED_IMPLS``
+    and ``interpret`` False (compiled), True or the ``InterpretParams``.
+  """
+  check_choice("impl", impl, IMPLS)
+  if interpret is not None and not isinstance(
+      interpret, (bool, pltpu.InterpretParams)):
+    raise TypeError(
+        f"interpret={interpret!r}: must be None, a bool (True: the Triton "
+        "kernels interpreted) or a jax.experimental.pallas.tpu.InterpretParams"
+        " (the Mosaic kernels in TPU interpret mode)")
   backend = jax.default_backend()
   if impl == "auto":
-    impl = "pallas" if backend == "gpu" else "xla_chunked"
-  interpret = bool(interpret)
-  if impl == "pallas" and backend != "gpu" and not interpret:
-    raise ValueError(
-        f"impl='pallas' on backend {backend!r}: the kernels compile for GPU "
-        "only; pass interpret=True to run them in interpret mode, or use "
-        "impl='xla_chunked'")
-  return impl, interpret
+    impl = "pallas" if backend in ("gpu", "tpu") else "xla_chunked"
+  if impl != "pallas":
+    return impl, False
+  if isinstance(interpret, pltpu.InterpretParams):
+    return "pallas_mosaic", interpret
+  if interpret:
+    return "pallas_triton", True
+  if backend == "gpu":
+    return "pallas_triton", False
+  if backend == "tpu":
+    return "pallas_mosaic", False
+  raise ValueError(
+      f"impl='pallas' on backend {backend!r}: the Pallas kernels compile for "
+      "GPU (Triton) and TPU (Mosaic) only; pass interpret=True to run the "
+      "Triton kernels in interpret mode, or interpret="
+      "jax.experimental.pallas.tpu.InterpretParams() for the Mosaic kernels "
+      "in TPU interpret mode, or use impl='xla_chunked'")
 
 
 def check_temperature(temperature, name: str = "temperature") -> float:

@@ -25,12 +25,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_llm.kernels import _pallas_loop, _xla_loop
+from jaxrl_llm.kernels import _mosaic_loop, _pallas_loop, _xla_loop
 from jaxrl_llm.kernels.config import (MASK_VALUE, VocabTiles, check_hidden_w,
                                       check_ids, check_mask, check_temperature,
                                       ids_out_of_range, resolve_impl)
 
 _HI = lax.Precision.HIGHEST
+
+# The Pallas loops by resolved impl (``config.resolve_impl``); both take the
+# same step / dz functions as the chunked-XLA loop.
+_PALLAS_LOOPS = {"pallas_triton": _pallas_loop, "pallas_mosaic": _mosaic_loop}
 
 
 @flax.struct.dataclass
@@ -95,50 +99,55 @@ def _apply_mask(out: TokenLogprobs, mask_N) -> TokenLogprobs:
 # ------------------------------------------------------- streaming maths
 
 
+# Per-row statistics are (rows, 1) columns, not (rows,) vectors: the layout a
+# TPU (Mosaic) kernel keeps in VMEM, and the same maths for every path.
+
+
 def _stats_init(rows: int, k: int):
-  m = jnp.full((rows,), MASK_VALUE, jnp.float32)
-  return (m, jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32),
-          jnp.zeros((rows, k), jnp.float32))
+  m_r1 = jnp.full((rows, 1), MASK_VALUE, jnp.float32)
+  zero_r1 = jnp.zeros((rows, 1), jnp.float32)
+  return m_r1, zero_r1, zero_r1, jnp.zeros((rows, k), jnp.float32)
 
 
 def _stats_step(carry, tile, rows):
   """Online (max, normaliser, first moment, target logits) update."""
-  m_r, s_r, a_r, zt_rK = carry
+  m_r1, s_r1, a_r1, zt_rK = carry
   (z_rC,) = tile.zs
   (ids_rK,) = rows
-  m_new = jnp.maximum(m_r, jnp.max(z_rC, axis=1))
-  corr_r = jnp.exp(m_r - m_new)
-  e_rC = jnp.exp(z_rC - m_new[:, None])
-  s_r = s_r * corr_r + jnp.sum(e_rC, axis=1)
-  a_r = a_r * corr_r + jnp.sum(e_rC * z_rC, axis=1)
+  m_new = jnp.maximum(m_r1, jnp.max(z_rC, axis=1, keepdims=True))
+  corr_r1 = jnp.exp(m_r1 - m_new)
+  e_rC = jnp.exp(z_rC - m_new)
+  s_r1 = s_r1 * corr_r1 + jnp.sum(e_rC, axis=1, keepdims=True)
+  a_r1 = a_r1 * corr_r1 + jnp.sum(e_rC * z_rC, axis=1, keepdims=True)
   zt_rK = zt_rK + tile.gather(z_rC, ids_rK)
-  return m_new, s_r, a_r, zt_rK
+  return m_new, s_r1, a_r1, zt_rK
 
 
 def _stats_dz(tile, rows):
   """d z = p (alpha + beta (z - E_p z)) + scatter(g at ids)."""
-  lse_r, ez_r, alpha_r, beta_r, ids_rK, g_rK = rows
+  lse_r1, ez_r1, alpha_r1, beta_r1, ids_rK, g_rK = rows
   (z_rC,) = tile.zs
-  p_rC = jnp.exp(z_rC - lse_r[:, None])
-  dz_rC = p_rC * (alpha_r[:, None] + beta_r[:, None] * (z_rC - ez_r[:, None]))
+  p_rC = jnp.exp(z_rC - lse_r1)
+  dz_rC = p_rC * (alpha_r1 + beta_r1 * (z_rC - ez_r1))
   return dz_rC + tile.scatter(g_rK, ids_rK)
 
 
 def _stream_forward(h, w, ids_NK, temperature, impl, tiles, interpret):
   sources = ((h, w, temperature),)
   k = ids_NK.shape[1]
-  if impl == "pallas":
-    carry = _pallas_loop.forward(sources, _stats_step,
-                                 functools.partial(_stats_init, k=k),
-                                 (ids_NK,), tiles=tiles, interpret=interpret)
+  if impl in _PALLAS_LOOPS:
+    carry = _PALLAS_LOOPS[impl].forward(sources, _stats_step,
+                                       functools.partial(_stats_init, k=k),
+                                       (ids_NK,), tiles=tiles,
+                                       interpret=interpret)
   else:
     carry = _xla_loop.forward(sources, _stats_step,
                               _stats_init(h.shape[0], k), (ids_NK,),
                               chunk_v=tiles.chunk_v)
-  m_N, s_N, a_N, zt_NK = carry
-  lse_N = m_N + jnp.log(s_N)
-  ez_N = a_N / s_N
-  return zt_NK - lse_N[:, None], lse_N - ez_N, lse_N, ez_N
+  m_N1, s_N1, a_N1, zt_NK = carry
+  lse_N1 = m_N1 + jnp.log(s_N1)
+  ez_N1 = a_N1 / s_N1
+  return zt_NK - lse_N1, (lse_N1 - ez_N1)[:, 0], lse_N1[:, 0], ez_N1[:, 0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -160,11 +169,12 @@ def _core_bwd(temperature, impl, tiles, interpret, res, cts):
   # d logp_k/dz = e_t - p;  d lse/dz = p;  d entropy/dz = -p (z - E_p z).
   alpha_N = g_lse_N - jnp.sum(g_logp_NK, axis=1)
   beta_N = -g_entropy_N
-  rows = (lse_N, ez_N, alpha_N, beta_N, ids_NK, g_logp_NK)
+  rows = (lse_N[:, None], ez_N[:, None], alpha_N[:, None], beta_N[:, None],
+          ids_NK, g_logp_NK)
   sources = ((h, w, temperature),)
-  if impl == "pallas":
-    dh, dw = _pallas_loop.backward(sources, _stats_dz, rows, tiles=tiles,
-                                   interpret=interpret)
+  if impl in _PALLAS_LOOPS:
+    dh, dw = _PALLAS_LOOPS[impl].backward(sources, _stats_dz, rows,
+                                         tiles=tiles, interpret=interpret)
   else:
     dh, dw = _xla_loop.backward(sources, _stats_dz, rows, chunk_v=tiles.chunk_v)
   return dh, dw, None
@@ -178,7 +188,7 @@ _core.defvjp(_core_fwd, _core_bwd)
 
 def gather_logprobs(hidden_ND, w_DV, ids_NK, *, temperature=1.0, mask_N=None,
                     impl="auto", tiles: VocabTiles | None = None,
-                    interpret: bool | None = None) -> TokenLogprobs:
+                    interpret=None) -> TokenLogprobs:
   """log p of K ids per token, plus entropy and lse, streaming over V.
 
   Logits are hidden_ND @ w_DV divided by ``temperature`` before the softmax.
@@ -197,7 +207,10 @@ def gather_logprobs(hidden_ND, w_DV, ids_NK, *, temperature=1.0, mask_N=None,
     mask_N: optional (N,) bool.
     impl: "auto" | "pallas" | "xla_chunked" | "naive" (see ``config``).
     tiles: ``VocabTiles`` (default ``VocabTiles()``).
-    interpret: run the Pallas kernels in interpret mode (CPU tests).
+    interpret: for impl "pallas": None (compiled: Triton on GPU, Mosaic on
+      TPU), True (the Triton kernels interpreted) or a
+      ``jax.experimental.pallas.tpu.InterpretParams`` (the Mosaic kernels in
+      TPU interpret mode); see ``config.resolve_impl``.
   """
   n, _, v = check_hidden_w(hidden_ND, w_DV)
   temperature = check_temperature(temperature)
@@ -218,7 +231,7 @@ def gather_logprobs(hidden_ND, w_DV, ids_NK, *, temperature=1.0, mask_N=None,
     bad_NK = jnp.logical_and(bad_NK, mask_N[:, None])
   safe_NK = jnp.where(ids_out_of_range(ids_NK, v), -1, ids_NK).astype(jnp.int32)
   k = ids_NK.shape[1]
-  if impl == "pallas" and k & (k - 1):
+  if impl == "pallas_triton" and k & (k - 1):
     # Triton tiles are powers of two; id -1 matches no column.
     kp = 1 << (k - 1).bit_length()
     safe_NK = jnp.pad(safe_NK, ((0, 0), (0, kp - k)), constant_values=-1)
@@ -230,7 +243,7 @@ def gather_logprobs(hidden_ND, w_DV, ids_NK, *, temperature=1.0, mask_N=None,
 
 def token_logprobs(hidden_ND, w_DV, targets_N, *, temperature=1.0, mask_N=None,
                    impl="auto", tiles: VocabTiles | None = None,
-                   interpret: bool | None = None) -> TokenLogprobs:
+                   interpret=None) -> TokenLogprobs:
   """log p(target), entropy and lse per token, never materialising N x V.
 
   Logits are hidden_ND @ w_DV divided by ``temperature`` before the softmax.

@@ -28,11 +28,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.kernels import _pallas_loop, _xla_loop
+from jaxrl_llm.kernels import _xla_loop
 from jaxrl_llm.kernels.config import (MASK_VALUE, VocabTiles, check_hidden_w,
                                       check_mask, check_temperature,
                                       resolve_impl)
-from jaxrl_llm.kernels.token_logprobs import full_logits_reference
+from jaxrl_llm.kernels.token_logprobs import _PALLAS_LOOPS, full_logits_reference
 
 
 @flax.struct.dataclass
@@ -74,20 +74,20 @@ def vocab_cross_reference(hidden_ND, w_DV, hidden_q_NE, w_q_EV, *,
 
 
 def _init(rows: int):
-  m = jnp.full((rows,), MASK_VALUE, jnp.float32)
-  zero = jnp.zeros((rows,), jnp.float32)
+  m = jnp.full((rows, 1), MASK_VALUE, jnp.float32)
+  zero = jnp.zeros((rows, 1), jnp.float32)
   # Per distribution: max, normaliser, sum e z, sum e y (e = exp(logit - max)).
   return (m, zero, zero, zero), (m, zero, zero, zero)
 
 
 def _moments_update(state, x_rC, z_rC, y_rC):
-  m_r, s_r, az_r, ay_r = state
-  m_new = jnp.maximum(m_r, jnp.max(x_rC, axis=1))
-  corr_r = jnp.exp(m_r - m_new)
-  e_rC = jnp.exp(x_rC - m_new[:, None])
-  return (m_new, s_r * corr_r + jnp.sum(e_rC, axis=1),
-          az_r * corr_r + jnp.sum(e_rC * z_rC, axis=1),
-          ay_r * corr_r + jnp.sum(e_rC * y_rC, axis=1))
+  m_r1, s_r1, az_r1, ay_r1 = state
+  m_new = jnp.maximum(m_r1, jnp.max(x_rC, axis=1, keepdims=True))
+  corr_r1 = jnp.exp(m_r1 - m_new)
+  e_rC = jnp.exp(x_rC - m_new)
+  return (m_new, s_r1 * corr_r1 + jnp.sum(e_rC, axis=1, keepdims=True),
+          az_r1 * corr_r1 + jnp.sum(e_rC * z_rC, axis=1, keepdims=True),
+          ay_r1 * corr_r1 + jnp.sum(e_rC * y_rC, axis=1, keepdims=True))
 
 
 def _step(carry, tile, rows):
@@ -99,23 +99,24 @@ def _step(carry, tile, rows):
 
 
 def _dz(tile, rows):
-  lse_p_r, lse_q_r, kl_pq_r, coef_qp_r, g_pq_r = rows
+  lse_p_r1, lse_q_r1, kl_pq_r1, coef_qp_r1, g_pq_r1 = rows
   z_rC, y_rC = tile.zs
-  p_rC = jnp.exp(z_rC - lse_p_r[:, None])
-  q_rC = jnp.exp(y_rC - lse_q_r[:, None])
-  log_ratio_rC = (z_rC - lse_p_r[:, None]) - (y_rC - lse_q_r[:, None])
-  return (coef_qp_r[:, None] * (q_rC - p_rC)
-          + g_pq_r[:, None] * p_rC * (log_ratio_rC - kl_pq_r[:, None]))
+  p_rC = jnp.exp(z_rC - lse_p_r1)
+  q_rC = jnp.exp(y_rC - lse_q_r1)
+  log_ratio_rC = (z_rC - lse_p_r1) - (y_rC - lse_q_r1)
+  return (coef_qp_r1 * (q_rC - p_rC)
+          + g_pq_r1 * p_rC * (log_ratio_rC - kl_pq_r1))
 
 
 def _stream(sources, impl, tiles, interpret):
-  if impl == "pallas":
-    carry = _pallas_loop.forward(sources, _step, _init, (), tiles=tiles,
-                                 interpret=interpret)
+  if impl in _PALLAS_LOOPS:
+    carry = _PALLAS_LOOPS[impl].forward(sources, _step, _init, (), tiles=tiles,
+                                       interpret=interpret)
   else:
     carry = _xla_loop.forward(sources, _step, _init(sources[0][0].shape[0]),
                               (), chunk_v=tiles.chunk_v)
-  (mp, sp, apz, apy), (mq, sq, aqz, aqy) = carry
+  (mp, sp, apz, apy), (mq, sq, aqz, aqy) = jax.tree.map(lambda x: x[:, 0],
+                                                        carry)
   lse_p, lse_q = mp + jnp.log(sp), mq + jnp.log(sq)
   ep_z, ep_y, eq_z, eq_y = apz / sp, apy / sp, aqz / sq, aqy / sq
   cross = eq_z - lse_p
@@ -140,11 +141,11 @@ def _core_fwd(h, w, hq, wq, temperature, temperature_q, impl, tiles,
 def _core_bwd(temperature, temperature_q, impl, tiles, interpret, res, cts):
   h, w, hq, wq, lse_p, lse_q, kl_pq = res
   g_cross, g_pq, g_qp = cts
-  rows = (lse_p, lse_q, kl_pq, g_cross - g_qp, g_pq)
+  rows = tuple(x[:, None] for x in (lse_p, lse_q, kl_pq, g_cross - g_qp, g_pq))
   sources = ((h, w, temperature), (hq, wq, temperature_q))
-  if impl == "pallas":
-    dh, dw = _pallas_loop.backward(sources, _dz, rows, tiles=tiles,
-                                   interpret=interpret)
+  if impl in _PALLAS_LOOPS:
+    dh, dw = _PALLAS_LOOPS[impl].backward(sources, _dz, rows, tiles=tiles,
+                                         interpret=interpret)
   else:
     dh, dw = _xla_loop.backward(sources, _dz, rows, chunk_v=tiles.chunk_v)
   # q is stop-gradient: zero cotangents for its inputs.
@@ -157,7 +158,7 @@ _core.defvjp(_core_fwd, _core_bwd)
 def vocab_cross(hidden_ND, w_DV, hidden_q_NE, w_q_EV, *, temperature=1.0,
                 temperature_q=1.0, mask_N=None, impl="auto",
                 tiles: VocabTiles | None = None,
-                interpret: bool | None = None) -> VocabCross:
+                interpret=None) -> VocabCross:
   """cross, KL(p||q), KL(q||p) per token with q = softmax(h_q @ w_q / T_q).
 
   Logits of each side are divided by its temperature before the softmax.

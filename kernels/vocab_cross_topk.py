@@ -107,7 +107,7 @@ def _renormalized_terms(lp_NK, lq_NK):
 def vocab_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *, tail: str,
                      temperature=1.0, tail_tol: float = 1e-6, mask_N=None,
                      impl="auto", tiles: VocabTiles | None = None,
-                     interpret: bool | None = None) -> VocabCross:
+                     interpret=None) -> VocabCross:
   """cross, KL(p||q), KL(q||p) per token for q given as top-k.
 
   Logits of p are hidden_ND @ w_DV divided by ``temperature`` before the

@@ -8,7 +8,8 @@ distillation.
 
 The forward streams over vocabulary tiles keeping a running top-k and the
 online log-sum-exp (chunked XLA: ``lax.top_k`` of the running set and the
-chunk; Pallas: K rounds of max-selection per tile, since Triton has no sort).
+chunk; Pallas: K rounds of max-selection per tile, since neither Triton nor
+Mosaic has a sort).
 The log-probs are differentiable in hidden and w (the ids are not):
 d logp_k / d z = 1[v = id_k] - p, recomputed tile by tile in the backward.
 """
@@ -22,11 +23,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_llm.kernels import _pallas_loop, _xla_loop
+from jaxrl_llm.kernels import _xla_loop
 from jaxrl_llm.kernels.config import (MASK_VALUE, VocabTiles, check_hidden_w,
                                       check_mask, check_temperature,
                                       resolve_impl)
-from jaxrl_llm.kernels.token_logprobs import _stats_dz, full_logits_reference
+from jaxrl_llm.kernels.token_logprobs import (_PALLAS_LOOPS, _stats_dz,
+                                              full_logits_reference)
 
 
 @flax.struct.dataclass
@@ -60,17 +62,17 @@ def _apply_mask(out: VocabTopK, mask_N) -> VocabTopK:
 
 
 def _init(rows: int, k: int):
-  return (jnp.full((rows,), MASK_VALUE, jnp.float32),
-          jnp.zeros((rows,), jnp.float32),
+  return (jnp.full((rows, 1), MASK_VALUE, jnp.float32),
+          jnp.zeros((rows, 1), jnp.float32),
           jnp.full((rows, k), MASK_VALUE, jnp.float32),
           jnp.full((rows, k), -1, jnp.int32))
 
 
-def _lse_update(m_r, s_r, z_rC):
-  m_new = jnp.maximum(m_r, jnp.max(z_rC, axis=1))
-  s_r = s_r * jnp.exp(m_r - m_new) + jnp.sum(jnp.exp(z_rC - m_new[:, None]),
-                                              axis=1)
-  return m_new, s_r
+def _lse_update(m_r1, s_r1, z_rC):
+  m_new = jnp.maximum(m_r1, jnp.max(z_rC, axis=1, keepdims=True))
+  s_r1 = s_r1 * jnp.exp(m_r1 - m_new) + jnp.sum(jnp.exp(z_rC - m_new), axis=1,
+                                                 keepdims=True)
+  return m_new, s_r1
 
 
 def _xla_step(carry, tile, rows):
@@ -129,16 +131,16 @@ def _pallas_step(carry, tile, rows):
 
 def _stream(h, w, k, temperature, impl, tiles, interpret):
   sources = ((h, w, temperature),)
-  if impl == "pallas":
-    carry = _pallas_loop.forward(sources, _pallas_step,
-                                 functools.partial(_init, k=k), (),
-                                 tiles=tiles, interpret=interpret)
+  if impl in _PALLAS_LOOPS:
+    carry = _PALLAS_LOOPS[impl].forward(sources, _pallas_step,
+                                       functools.partial(_init, k=k), (),
+                                       tiles=tiles, interpret=interpret)
   else:
     carry = _xla_loop.forward(sources, _xla_step, _init(h.shape[0], k), (),
                               chunk_v=tiles.chunk_v)
-  m_N, s_N, vals_NK, ids_NK = carry
-  lse_N = m_N + jnp.log(s_N)
-  return ids_NK, vals_NK - lse_N[:, None], lse_N
+  m_N1, s_N1, vals_NK, ids_NK = carry
+  lse_N1 = m_N1 + jnp.log(s_N1)
+  return ids_NK, vals_NK - lse_N1, lse_N1[:, 0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
@@ -157,12 +159,13 @@ def _core_bwd(k, temperature, impl, tiles, interpret, res, cts):
   del k
   h, w, ids_NK, lse_N = res
   _, g_NK = cts
-  zeros_N = jnp.zeros_like(lse_N)
-  rows = (lse_N, zeros_N, -jnp.sum(g_NK, axis=1), zeros_N, ids_NK, g_NK)
+  zeros_N1 = jnp.zeros_like(lse_N)[:, None]
+  rows = (lse_N[:, None], zeros_N1, -jnp.sum(g_NK, axis=1, keepdims=True),
+          zeros_N1, ids_NK, g_NK)
   sources = ((h, w, temperature),)
-  if impl == "pallas":
-    return _pallas_loop.backward(sources, _stats_dz, rows, tiles=tiles,
-                                 interpret=interpret)
+  if impl in _PALLAS_LOOPS:
+    return _PALLAS_LOOPS[impl].backward(sources, _stats_dz, rows, tiles=tiles,
+                                       interpret=interpret)
   return _xla_loop.backward(sources, _stats_dz, rows, chunk_v=tiles.chunk_v)
 
 
@@ -171,7 +174,7 @@ _core.defvjp(_core_fwd, _core_bwd)
 
 def vocab_topk(hidden_ND, w_DV, *, k: int, temperature=1.0, mask_N=None,
                impl="auto", tiles: VocabTiles | None = None,
-               interpret: bool | None = None) -> VocabTopK:
+               interpret=None) -> VocabTopK:
   """Top-k ids and full-vocabulary log-probs per token, streaming over V.
 
   Logits are hidden_ND @ w_DV divided by ``temperature`` before the softmax.
@@ -182,8 +185,8 @@ def vocab_topk(hidden_ND, w_DV, *, k: int, temperature=1.0, mask_N=None,
     temperature: static float > 0.
     mask_N: optional (N,) bool; masked tokens return ids 0, logp 0 and get
       zero gradient.
-    impl, tiles, interpret: see ``config``. The Pallas path pads k to a power
-      of two and costs k selection rounds per tile.
+    impl, tiles, interpret: see ``config``. The Pallas kernels cost k
+      selection rounds per tile (the Triton ones pad k to a power of two).
   """
   n, _, v = check_hidden_w(hidden_ND, w_DV)
   temperature = check_temperature(temperature)
@@ -199,7 +202,7 @@ def vocab_topk(hidden_ND, w_DV, *, k: int, temperature=1.0, mask_N=None,
   if impl == "naive":
     return vocab_topk_reference(hidden_ND, w_DV, k=k, temperature=temperature,
                                 mask_N=mask_N)
-  kp = 1 << (k - 1).bit_length() if impl == "pallas" else k
+  kp = 1 << (k - 1).bit_length() if impl == "pallas_triton" else k
   ids_NK, logp_NK = _core(hidden_ND, w_DV, kp, temperature, impl, tiles,
                           interpret)
   return _apply_mask(VocabTopK(ids_NK[:, :k], logp_NK[:, :k]), mask_N)

@@ -140,7 +140,7 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_auto_picks_chunked_xla_on_cpu():
   assert resolve_impl("auto", None) == ("xla_chunked", False)
-  assert resolve_impl("pallas", True) == ("pallas", True)
+  assert resolve_impl("pallas", True) == ("pallas_triton", True)
 
 
 def test_sharded_rows_match_single_device():
