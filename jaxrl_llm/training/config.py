@@ -26,6 +26,7 @@ from jaxrl_llm.tasks.config import DataConfig, TaskConfig
 from jaxrl_llm.teacher.config import TeacherConfig
 from jaxrl_llm.training.filters import FilterConfig
 from jaxrl_llm.training.guards import GuardConfig
+from jaxrl_llm.training.model_paths import resolve_model_paths
 from jaxrl_llm.training.sft import SFTConfig
 
 
@@ -225,6 +226,7 @@ def from_config_dict(cd) -> RunConfig:
   check_keys("config", set(d) | set(OPTIONAL_SECTIONS), required | set(OPTIONAL_SECTIONS) |
              {"method", "seed", "workdir_root", "objective"})
   sections = {name: _section(name, cls, d[name]) for name, cls in SECTIONS.items() if name in d}
-  return RunConfig(method=d["method"], seed=d["seed"], workdir_root=d["workdir_root"],
-                   objective=resolve_objective(d["method"], d["objective"]), init_checkpoint=init_checkpoint, name=name,
-                   **sections)
+  cfg = RunConfig(method=d["method"], seed=d["seed"], workdir_root=d["workdir_root"],
+                  objective=resolve_objective(d["method"], d["objective"]), init_checkpoint=init_checkpoint, name=name,
+                  **sections)
+  return resolve_model_paths(cfg)  # a .gguf checkpoint -> its converted HF directory (training/model_paths.py)
