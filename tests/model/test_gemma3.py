@@ -192,6 +192,42 @@ def test_cached_decode_equals_full_forward(gemma_dir):
   assert jax.tree.structure(cache_sharding(cfg, mesh)) == jax.tree.structure(cache)
 
 
+def test_gradients_through_the_scan_equal_the_unrolled_loop(gemma_dir):
+  """The trainer differentiates the scan (here under remat="full"), whose
+  body selects each layer's mask and RoPE table from a traced flag; its
+  gradients equal those of the unrolled loop, where each layer's kind is
+  static."""
+  params, cfg = load_hf(gemma_dir)
+  tokens, mask, positions = (jnp.asarray(a) for a in _padded_batch())
+
+  def loss(params, cfg):
+    hidden, _ = forward(params, cfg, tokens, positions, mask)
+    return jnp.mean(jnp.square(logits(params, cfg, hidden)))
+
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  g_scan = grad(params, cfg.replace(remat="full"))
+  g_loop = unstack_layers(grad(unstack_layers(params), cfg))
+  g_loop = {**g_loop, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *g_loop["layers"])}
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g_scan, g_loop)
+  assert all(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(g_scan))  # every tensor learns
+
+
+def test_embedding_scale_is_rounded_like_transformers():
+  """sqrt(640) = 25.298 is rounded to the compute dtype before the product
+  (bf16: 25.25), as Gemma3TextScaledWordEmbedding does."""
+  from jaxrl_llm.model import embed
+  cfg = ModelConfig.gemma3_270m(vocab_size=3, param_dtype="bfloat16", compute_dtype="bfloat16")
+  table = np.array(jax.random.normal(jax.random.key(5), (3, 640)), np.float32)  # a writable copy
+  ours = embed({"embed_VD": jnp.asarray(table, jnp.bfloat16)}, cfg, jnp.asarray([[2, 0, 1]]))
+  ref_module = transformers.models.gemma3.modeling_gemma3.Gemma3TextScaledWordEmbedding(
+      3, 640, padding_idx=0, embed_scale=640 ** 0.5)
+  with torch.no_grad():
+    ref_module.weight.copy_(torch.from_numpy(table))
+    ref = ref_module.to(torch.bfloat16)(torch.tensor([[2, 0, 1]])).float().numpy()
+  np.testing.assert_array_equal(np.asarray(ours, np.float32), ref)
+  assert float(jnp.asarray(640 ** 0.5, jnp.bfloat16)) == 25.25
+
+
 PROMPTS = [[5, 9, 2, 33, 17, 8, 40, 11, 3], [41, 3, 7, 200, 12], [77, 250], [7, 7, 19, 25, 1, 2]]
 R = 10  # prompts of up to 9 tokens + 10 new ones: well past the window of 4
 
@@ -218,6 +254,16 @@ def test_greedy_generation_matches_transformers_generate(gemma_dir):
   # No near-ties on the way, so the equality is not luck of rounding.
   top2_BRV = np.sort(torch.stack(out.scores, 1).numpy(), axis=-1)[..., -2:]
   assert (top2_BRV[..., 1] - top2_BRV[..., 0]).min() > 1e-3
+  # Right-padded prompts leave a gap of padding slots between prompt and
+  # response; the window counts positions, not slots, so the tokens are the same.
+  right = np.zeros_like(tokens)
+  right_mask = np.zeros_like(mask)
+  for b, p in enumerate(PROMPTS):
+    right[b, :len(p)] = p
+    right_mask[b, :len(p)] = 1
+  ours_right = generate(params, cfg, jnp.asarray(right, jnp.int32), jnp.asarray(right_mask, bool),
+                        sampling, jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(ours_right.tokens_BR), ref)
 
 
 def _tensors(path):
