@@ -47,8 +47,8 @@ from jaxrl_llm.objectives.kl import (
     kl_penalty,
     kl_token_rewards,
 )
-from jaxrl_llm.objectives.policy_loss import (MasterWeights, PolicyLoss, master_weights, policy_loss,
-                                             sequence_advantage)
+from jaxrl_llm.objectives.policy_loss import (MasterWeights, PolicyLoss, TokenFactors, master_weights,
+                                             policy_loss, sequence_advantage)
 from jaxrl_llm.objectives.presets import PRESETS, get_preset, method_table
 from jaxrl_llm.objectives.ratios import TokenRatios, token_ratios
 from jaxrl_llm.objectives.score_centering import centering_exact, centering_topk, gather_topk

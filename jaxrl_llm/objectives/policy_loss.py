@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_llm.objectives import weights as wts
-from jaxrl_llm.objectives.aggregation import BatchNorms, WeightedSum, aggregate, batch_norms
+from jaxrl_llm.objectives.aggregation import BatchNorms, WeightedSum, aggregate, batch_norms, token_weights
 from jaxrl_llm.objectives.config import ObjectiveConfig
 from jaxrl_llm.objectives.kl import kl_penalty
 from jaxrl_llm.objectives.ratios import TokenRatios, seq_log_geomean, seq_log_product, token_ratios
@@ -49,6 +49,34 @@ class MasterWeights:
 
 
 @struct.dataclass
+class TokenFactors:
+  """Every per-token factor of the master equation as this loss used them ([B, R], no gradient).
+
+  The loss's gradient coefficient of s_y at token (i, t) is lambda A W
+  (spec 002, section 6); with kappa = 1 the term A (C - sg(C)) adds the
+  drift. A token the loss masks has W = 0 (its flag in `weights.diag`
+  says which bound did it). What the token-weight dump records
+  (training/dump.py): the loss's own intermediate values, not a recompute.
+  """
+
+  weights: MasterWeights  # W, T, f, the ratios r, c, rho and the mask / clip flags
+  adv_BR: jax.Array  # [B, R] A as the loss used it (the answer's mean when adv_level='sequence'); 0 off the mask
+  lambda_BR: jax.Array  # [B, R] lambda_{i,t}: the aggregation's weight under the mini-batch's norms
+  centering_BR: jax.Array  # [B, R] Score Centering's C_{i,t} (its value); 0 when kappa = 0
+
+  def arrays(self) -> dict:
+    """{name: [B, R]}: r, c, rho and their clamped logs, T, f, W, A, lambda, lambda_A_W (= lambda A W),
+    C, and each flag of `weights.diag` (bool) under its diagnostics key."""
+    mw = self.weights
+    out = {"r": mw.ratios.r, "c": mw.ratios.c, "rho": mw.ratios.rho, "log_r": mw.ratios.log_r_BR,
+           "log_c": mw.ratios.log_c_BR, "log_rho": mw.ratios.log_rho_BR, "T": mw.trust_BR,
+           "f": mw.correction_BR, "W": mw.weight_BR, "A": self.adv_BR, "lambda": self.lambda_BR,
+           "lambda_A_W": self.lambda_BR * self.adv_BR * mw.weight_BR, "C": self.centering_BR}
+    out.update(mw.diag)
+    return out
+
+
+@struct.dataclass
 class PolicyLoss:
   """Loss and diagnostics; every entry combines exactly across micro-batches.
 
@@ -56,12 +84,15 @@ class PolicyLoss:
   metrics: additive WeightedSums (fractions, means).
   extrema: keys ending in `_min` / `_max`: combine with min / max.
   counts:  additive sums (tokens, sequences).
+  tokens:  the per-token factors the loss used (`TokenFactors`); unused
+           outputs of a jitted caller cost nothing (XLA drops them).
   """
 
   loss: WeightedSum
   metrics: dict
   extrema: dict
   counts: dict
+  tokens: TokenFactors
 
 
 def _seq_broadcast(x_B, shape):
@@ -210,6 +241,7 @@ def policy_loss(logp_BR, prox_logp_BR, behav_logp_BR, adv_BR, mask_BR, cfg: Obje
   mw = master_weights(logp_BR, prox_logp_BR, behav_logp_BR, adv, mask, cfg, kl_BR=kl_BR)
   logp = jnp.where(mask, logp_BR, 0.0)  # padding may hold -inf; keep it out of values and grads
   surrogate = mw.weight_BR * jnp.exp(logp - sg(logp))
+  cent = jnp.zeros(shape, jnp.float32)
   if cfg.kappa == 1:
     cent = jnp.where(mask, centering, 0.0)
     surrogate = surrogate - (cent - sg(cent))
@@ -258,4 +290,6 @@ def policy_loss(logp_BR, prox_logp_BR, behav_logp_BR, adv_BR, mask_BR, cfg: Obje
     extrema[f"ratio/{name}_min"] = mins[i]
     extrema[f"ratio/{name}_max"] = maxs[i]
   counts = {"tokens": n_tok, "seqs": n_seq}
-  return PolicyLoss(loss=loss, metrics=metrics, extrema=extrema, counts=counts)
+  lambda_BR, _ = token_weights(mask, cfg.aggregation, norms)  # the lambda `aggregate` applied to the loss
+  tokens = TokenFactors(weights=mw, adv_BR=adv, lambda_BR=lambda_BR, centering_BR=sg(cent).astype(jnp.float32))
+  return PolicyLoss(loss=loss, metrics=metrics, extrema=extrema, counts=counts, tokens=tokens)
