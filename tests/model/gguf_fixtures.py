@@ -66,9 +66,11 @@ def tiny_hf_model(family: str, vocab: int, seed: int = 0):
   torch.manual_seed(seed)
   common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=128)
-  if family == "llama":
-    cfg = transformers.LlamaConfig(tie_word_embeddings=False,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+  if family in ("llama", "llama3"):  # llama3: Llama 3.1's RoPE scaling (all three bands at head_dim 16)
+    rope = {"rope_type": "default", "rope_theta": 10000.0} if family == "llama" else {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    cfg = transformers.LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **common)
   elif family == "qwen2":
     cfg = transformers.Qwen2Config(tie_word_embeddings=True,
                                    rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **common)
@@ -132,6 +134,21 @@ def gguf_tensors(model, family: str) -> dict:
       w = w + np.float32(1.0)  # Gemma3Model.modify_tensors: norm_shift
     out[gname] = w
   return out
+
+
+def llama3_rope_freqs(theta: float, head_dim: int, factor: float, low: float, high: float, original: int):
+  """convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors: the rope_freqs.weight of Llama 3's RoPE."""
+  out = []
+  for i in range(0, head_dim, 2):
+    wavelen = 2 * np.pi * theta ** (i / head_dim)
+    if wavelen < original / high:
+      out.append(1.0)
+    elif wavelen > original / low:
+      out.append(factor)
+    else:
+      smooth = (original / wavelen - low) / (high - low)
+      out.append(1 / ((1 - smooth) / factor + smooth))
+  return np.array(out, np.float32)
 
 
 def write_gguf(path, family: str, tensors: dict, cfg, *, tokenizer: str = "bpe", pre: str = "gpt2",

@@ -23,7 +23,8 @@ from jaxrl_llm.model.gguf_io import SOURCE_FILE, gguf_to_hf, resolve_model_path
 from jaxrl_llm.model.hf_io import load_hf
 from jaxrl_llm.model.tokenizer import check_hf_dir, load_tokenizer
 
-from gguf_fixtures import CHATML, bpe_vocab, gguf_tensors, llama_cpp_permute, model_gguf, write_gguf
+from gguf_fixtures import (CHATML, bpe_vocab, gguf_tensors, llama3_rope_freqs, llama_cpp_permute, model_gguf,
+                           tiny_hf_model, write_gguf)
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 TOL = 1e-4  # max abs logit difference, f32
@@ -110,11 +111,30 @@ def test_directory_gives_the_written_models_logits(converted, arch):
   assert diff.max() <= TOL, f"{arch}: max abs logit diff {diff.max():.3g}"
 
 
+def test_llama3_rope_from_rope_freqs(tmp_path):
+  """Llama 3.1's RoPE scaling reaches llama.cpp as the rope_freqs.weight tensor; the directory gets
+  the rope_parameters back, and its logits are the original model's."""
+  model = tiny_hf_model("llama3", len(bpe_vocab()[0]), seed=7)
+  freqs = llama3_rope_freqs(10000.0, 16, 8.0, 1.0, 4.0, 8192)
+  assert len(set(np.round(freqs, 4))) > 2  # 1, 8 and values between: all three bands
+  tensors = {**gguf_tensors(model, "llama"), "rope_freqs.weight": freqs}
+  hf_dir = gguf_to_hf(write_gguf(tmp_path / "l3.gguf", "llama", tensors, model.config), str(tmp_path / "l3"))
+  rope = json.load(open(os.path.join(hf_dir, "config.json")))["rope_parameters"]
+  assert rope == {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+  tokens, mask, positions = _padded_batch(model.config.vocab_size)
+  params, cfg = load_hf(hf_dir)
+  hidden, _ = forward(params, cfg, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
+  diff = np.abs(np.asarray(logits(params, cfg, hidden)) - _torch_logits(model, tokens, mask, positions))[mask]
+  assert diff.max() <= TOL
+  other = {**tensors, "rope_freqs.weight": freqs ** 0.5}  # no rule gives these
+  with pytest.raises(ConfigError, match=r"rope_freqs.weight does not follow Llama 3's RoPE rule \(factor=2\.82843, "):
+    gguf_to_hf(write_gguf(tmp_path / "odd.gguf", "llama", other, model.config), str(tmp_path / "odd"))
+
+
 def test_quantised_tensors_match_transformers(tmp_path):
   """A llama file with its matrices in six block types: every converted tensor equals transformers'
   reading (gguf.quants.dequantize + its reverse permutation), bit for bit."""
-  from gguf_fixtures import tiny_hf_model
-
   model = tiny_hf_model("llama", len(bpe_vocab()[0]), seed=5)
   tensors = gguf_tensors(model, "llama")
   kinds = {"token_embd.weight": "Q8_0", "output.weight": "F16", "blk.0.attn_q.weight": "Q4_0",
