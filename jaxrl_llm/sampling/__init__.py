@@ -13,6 +13,7 @@ re-exported here under the same name.)
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.processors import process_logits, sample_from_logp
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_NAMES, FINISH_STOP, Rollout
+from jaxrl_llm.sampling import openai_engine as _openai_engine  # registers rollout engine "openai"
 
 __all__ = [
     "FINISH_EOS", "FINISH_LENGTH", "FINISH_NAMES", "FINISH_STOP", "Rollout", "SamplingConfig",

@@ -56,6 +56,7 @@ class RolloutBatch:
   answers: tuple[str, ...]  # [B]
   tags: tuple[str, ...]  # [B] task tags (Example.tag)
   responses: tuple[str, ...]  # [B] decoded text up to EOS
+  version_B: np.ndarray  # int32 [B] policy version (the `version` of the engine's last sync) that sampled the row; -1: none
 
   @staticmethod
   def concat(parts: list["RolloutBatch"]) -> "RolloutBatch":
@@ -103,8 +104,8 @@ def sampler_view(params, model_cfg: ModelConfig, scfg: SamplingConfig):
 
 
 def sample_batch(params, model_cfg: ModelConfig, prompts, scfg: SamplingConfig, key, tokenizer,
-                 batch_sharding=None) -> RolloutBatch:
-  """The built-in sampler on one PromptBatch (rows split over `batch_sharding`)."""
+                 batch_sharding=None, version: int = -1) -> RolloutBatch:
+  """The built-in sampler on one PromptBatch (rows split over `batch_sharding`); `version` is recorded per row."""
   tokens_BP, mask_BP = prompts.tokens_BP, prompts.mask_BP
   if batch_sharding is not None:
     tokens_BP, mask_BP = jax.device_put((tokens_BP, mask_BP), batch_sharding)
@@ -123,7 +124,8 @@ def sample_batch(params, model_cfg: ModelConfig, prompts, scfg: SamplingConfig, 
       topk_ids_BRK=ro.topk_ids_BRK.astype(jnp.int32) if K else jnp.zeros((B, R, 0), jnp.int32),
       topk_logp_BRK=ro.topk_logp_BRK.astype(jnp.float32) if K else jnp.zeros((B, R, 0), jnp.float32),
       prompts=tuple(prompts.prompts[i] for i in idx), answers=tuple(prompts.answers[i] for i in idx),
-      tags=tuple(prompts.tags[i] for i in idx), responses=tuple(tokenizer.decode(row) for row in tokens_BR))
+      tags=tuple(prompts.tags[i] for i in idx), responses=tuple(tokenizer.decode(row) for row in tokens_BR),
+      version_B=np.full((B,), version, np.int32))
 
 
 class JaxSampler:
@@ -145,7 +147,7 @@ class JaxSampler:
     if self.params is None:
       raise RuntimeError("JaxSampler.generate before sync: the engine has no weights yet")
     return sample_batch(self.params, self.model_cfg, prompts, self.sampling_cfg, key, self.tokenizer,
-                        self.batch_sharding)
+                        self.batch_sharding, version=self.version)
 
   def close(self) -> None:
     self.params = None

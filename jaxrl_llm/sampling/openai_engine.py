@@ -1,0 +1,471 @@
+"""The `openai` rollout engine: samples through an OpenAI-compatible completions server.
+
+The engine sends each sample as one request to `POST /v1/completions` with
+the prompt as a list of token ids (no text round trip, no BOS added: llama.cpp
+inserts BOS only before a string prompt) and reads back, per generated token,
+its id and its probability under the distribution the server sampled from:
+
+    {"prompt": [ids], "max_tokens": R, "seed": s, "temperature": T, "top_k": k, "top_p": p, "min_p": m,
+     "samplers": ["temperature", "top_k", "top_p", "min_p"], "n_probs": max(1, K), "post_sampling_probs": true,
+     + every other llama.cpp sampler switched off}
+    -> choices[0].logprobs.content[t] = {"id", "prob", "top_probs": [{"id", "prob"}, ...]}, finish_reason
+
+Why this endpoint and these fields (llama.cpp's tools/server, README and
+server-task.cpp / server-context.cpp of the llama.cpp that llama-cpp-python
+0.3.36 vendors):
+
+* Exact token ids. The OpenAI format's `logprobs.tokens` are strings, which
+  do not identify ids (byte fragments, several ids with one spelling).
+  llama.cpp's /v1/completions accepts a token-id prompt and copies its native
+  options (n_probs, post_sampling_probs, samplers) from the request, and with
+  n_probs > 0 its `logprobs.content` entries carry each token's `id`. (The
+  native /completion endpoint has the same data as `completion_probabilities`
+  and `tokens`, but is not OpenAI-shaped.) llama-cpp-python's own Python
+  server is no alternative: its prompt is a string, its `n` is ignored, and
+  its logprobs are those of the raw logits.
+* mu, not the raw model. `post_sampling_probs: true` returns the
+  probabilities of the candidates after the whole sampler chain, i.e. of
+  the renormalised distribution the token was drawn from (without it
+  llama.cpp reports softmax(logits) at temperature 1). The chain order is
+  ours (SamplingConfig: temperature, then top-k, top-p, min-p), given
+  explicitly: llama.cpp's default order applies the temperature last, and
+  its defaults (top_k 40, top_p 0.95, min_p 0.05, repetition penalties)
+  would change mu silently, so every knob is sent. temperature 0 is greedy
+  (llama.cpp's temperature sampler keeps the argmax only: prob 1, log mu 0,
+  as the built-in sampler records).
+* EOS. A sampled end-of-generation token is part of the answer's tokens and
+  probabilities, as in our sampler. eos_ids / stop_ids the server does not
+  stop on are applied here, by cutting the answer after the first one: the
+  tokens before it were drawn exactly as if the server had stopped there.
+* n. `n_samples` = G requests of one completion each, with seeds drawn
+  from the step's key: per-sample seeds make a draw reproducible and a
+  failed request costs one sample, not a group.
+
+What the server cannot express is an error at construction: another
+sampler dtype (the server's precision is the export type), raw log-probs
+next to mu's, a KV cache length, TRM's token KL (it recomputes mu from the
+trainer's copy of the sampler, which here is a llama.cpp build).
+
+Failures. Each request has a timeout; one that fails (refused, reset, timed
+out, HTTP 5xx, malformed answer) is retried `server_retries` times with
+exponential back-off. A request that still fails is resampled with a new
+seed (`server_on_failure="resample"`, up to `server_retries` rounds) or its
+sample is dropped (`"drop"`: all-masked, length 0). A server process that
+has died is restarted on its current weights (`server_on_exit="restart"`),
+waited for (`"wait"`, an external server), or is an error (`"error"`); the
+requests in flight are then sent again, so no sample is lost. HTTP 4xx is a
+configuration error, never retried. `metrics()` counts all of it.
+
+Weights (`sync(params, version)`, weight_sync.py): every `sync_every` steps
+the policy is exported (GGUF, `server_export` type) and the server process
+restarted on it; `sync_s` / `export_s` / `reload_s` measure it. Each sample
+records the policy version it was drawn with (`RolloutBatch.version_B`).
+
+At start the engine checks that the server serves the expected model
+(`server_model`, /v1/models), that its vocabulary has the trainer's size
+(/v1/models meta.n_vocab) and that its tokenizer encodes a probe text to the
+trainer's ids (/tokenize): a mismatch is an error before any rollout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.tokenizer import CharTokenizer
+from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.engine import RolloutBatch, register_engine
+from jaxrl_llm.sampling.http_client import ServerClient, ServerRejected, ServerUnavailable
+from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+from jaxrl_llm.sampling.server_process import LlamaServerProcess
+from jaxrl_llm.sampling.weight_sync import NoSync, RestartSync, SGLangDiskSync, WeightSync
+
+SAMPLER_ORDER = ("temperature", "top_k", "top_p", "min_p")  # SamplingConfig's processing order
+# llama.cpp samplers and penalties outside SamplingConfig, switched off (their server defaults are on).
+_OFF = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
+        "xtc_probability": 0.0, "typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "top_n_sigma": -1.0}
+_PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+3=5.\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerEngineConfig:
+  """The `server_*` keys of config.rollout (documented in training/defaults.py)."""
+  url: str = ""
+  model: str = ""
+  command: str = "llama-server"
+  export: str = "f32"
+  sync: str = "restart"
+  sync_every: int = 1
+  concurrency: int = 8
+  timeout_s: float = 120.0
+  retries: int = 3
+  backoff_s: float = 0.5
+  on_failure: str = "resample"
+  on_exit: str = "restart"
+  wait_s: float = 120.0
+  ctx_per_slot: int = 1024  # a managed server's context per slot (prompt + response tokens)
+
+  @staticmethod
+  def from_rollout(ro, max_prompt_len: int = 0) -> "ServerEngineConfig":
+    return ServerEngineConfig(
+        url=ro.server_url, model=ro.server_model, command=ro.server_command, export=ro.server_export,
+        sync=ro.server_sync, sync_every=ro.sync_every, concurrency=ro.server_concurrency,
+        timeout_s=float(ro.server_timeout_s), retries=ro.server_retries, backoff_s=float(ro.server_backoff_s),
+        on_failure=ro.server_on_failure, on_exit=ro.server_on_exit, wait_s=float(ro.server_wait_s),
+        ctx_per_slot=(max_prompt_len or 512) + ro.max_response_len + 8)
+
+
+def request_fields(scfg: SamplingConfig, vocab_size: int) -> dict:
+  """The sampling part of a completions request; a ConfigError for what llama.cpp cannot express."""
+  if scfg.dtype is not None:
+    raise ConfigError(f"config.rollout.sampler_dtype={scfg.dtype!r} is invalid for engine 'openai': the server's "
+                      "precision is the exported weights' type (config.rollout.server_export); use 'float32'")
+  if scfg.record_raw_logp:
+    raise ConfigError("SamplingConfig.record_raw_logp=True is invalid for engine 'openai': the server reports "
+                      "one distribution per request (mu), not the raw logits' log-probs next to it")
+  if scfg.cache_len is not None:
+    raise ConfigError(f"SamplingConfig.cache_len={scfg.cache_len} is invalid for engine 'openai': the server "
+                      "sizes its own KV cache (its context per slot)")
+  fields = {"max_tokens": scfg.max_new_tokens, "temperature": scfg.temperature, "top_k": scfg.top_k,
+            "top_p": scfg.top_p, "min_p": scfg.min_p, "samplers": list(SAMPLER_ORDER),
+            "n_probs": max(1, scfg.record_topk), "post_sampling_probs": True, "n": 1, "stream": False,
+            "cache_prompt": True, **_OFF}
+  if scfg.vocab_limit and scfg.vocab_limit < vocab_size:  # padded rows: never sampled
+    fields["logit_bias"] = [[i, False] for i in range(scfg.vocab_limit, vocab_size)]
+  return fields
+
+
+@dataclasses.dataclass
+class _Sample:
+  ids: list[int]
+  logp: list[float]
+  top_ids: list[list[int]]
+  top_logp: list[list[float]]
+  finish: int
+
+
+class OpenAIEngine:
+  """A rollout engine over an OpenAI-compatible completions server (llama.cpp's)."""
+
+  def __init__(self, *, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tokenizer,
+               settings: ServerEngineConfig, weight_sync: WeightSync | None = None,
+               process: LlamaServerProcess | None = None):
+    self.model_cfg, self.scfg, self.tokenizer, self.cfg = model_cfg, sampling_cfg, tokenizer, settings
+    self.fields = request_fields(sampling_cfg, model_cfg.vocab_size)
+    self.ends = set(sampling_cfg.eos_ids) | set(sampling_cfg.stop_ids)
+    self.process = process
+    self.weight_sync = weight_sync or NoSync()
+    self.client: ServerClient | None = None
+    self.model_name, self.n_ctx = settings.model, None
+    self.version, self.synced_step = -1, None
+    self._lock, self._recover_lock = threading.Lock(), threading.Lock()
+    self._restarts_this_call = 0
+    self.counters = dict.fromkeys(("requests", "retries", "failed_requests", "resampled", "dropped",
+                                   "server_exits", "server_restarts", "syncs"), 0)
+    self.timings = dict.fromkeys(("sync_s", "export_s", "reload_s"), 0.0)
+    if settings.url:  # an external server: check it now, before any training
+      self._connect(settings.url)
+
+  # ---- the server --------------------------------------------------------------
+
+  def _connect(self, url: str) -> None:
+    self.client = ServerClient(url, timeout_s=self.cfg.timeout_s)
+    self.check_server()
+
+  def check_server(self) -> None:
+    """Model id, vocabulary size, tokenizer and context of the server (ConfigErrors naming what differs)."""
+    url = self.client.base_url
+    deadline = time.monotonic() + self.cfg.wait_s
+    while True:
+      try:
+        models = self.client.get("/v1/models").get("data") or []
+        break
+      except ServerUnavailable as e:
+        if time.monotonic() > deadline or self.process is None and not self._waits():
+          raise ConfigError(f"config.rollout.server_url={url!r}: no OpenAI-compatible server answers ({e})") from None
+        time.sleep(self.cfg.backoff_s)
+    ids = [m.get("id") for m in models]
+    if self.cfg.model and self.cfg.model not in ids:
+      raise ConfigError(f"config.rollout.server_model={self.cfg.model!r}: the server at {url} serves {ids}")
+    if not self.cfg.model and len(ids) != 1:
+      raise ConfigError(f"config.rollout.server_model='' but the server at {url} serves {len(ids)} models {ids}: "
+                        "name the one to sample from")
+    self.model_name = self.cfg.model or ids[0]
+    meta = models[ids.index(self.model_name)].get("meta") or {}
+    n_vocab = meta.get("n_vocab")
+    if n_vocab is not None and int(n_vocab) != self.model_cfg.vocab_size:
+      raise ConfigError(f"the server at {url} serves {self.model_name!r} with a vocabulary of {n_vocab} tokens; the "
+                        f"trainer's model has {self.model_cfg.vocab_size}: another vocabulary")
+    probe = self._probe_text()
+    ours = self._encode(probe)
+    try:
+      theirs = self.client.post("/tokenize", {"content": probe, "add_special": False}).get("tokens")
+    except ServerRejected:  # a server without /tokenize: the size check above is all there is
+      logging.warning("rollout engine: %s has no /tokenize; only the vocabulary size was checked", url)
+      theirs = ours
+    if theirs != ours:
+      at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+      raise ConfigError(f"the server at {url} ({self.model_name!r}) tokenizes {probe[:40]!r} differently from the "
+                        f"trainer (first difference at token {at}: server {theirs[at:at + 3]}, trainer "
+                        f"{ours[at:at + 3]}): another vocabulary")
+    try:
+      props = self.client.get("/props")
+      self.n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+    except (ServerRejected, ServerUnavailable):
+      self.n_ctx = None
+
+  def _probe_text(self) -> str:
+    if isinstance(self.tokenizer, CharTokenizer):  # every character of the vocabulary
+      specials = {self.tokenizer.pad_id, self.tokenizer.eos_id, self.tokenizer.bos_id}
+      return self.tokenizer.decode([i for i in range(self.tokenizer.vocab_size) if i not in specials])
+    return _PROBE
+
+  def _encode(self, text: str) -> list[int]:
+    if isinstance(self.tokenizer, CharTokenizer):
+      return self.tokenizer.encode(text)
+    return self.tokenizer.encode(text, add_special_tokens=False)
+
+  def _waits(self) -> bool:
+    return self.cfg.on_exit == "wait"
+
+  def _recover(self, err: Exception) -> bool:
+    """After a failed request: bring a dead server back as configured. True when it was down and is
+    back (the failed attempt does not count against the retries)."""
+    with self._recover_lock:
+      if self.process is not None:
+        if self.process.alive():
+          return False
+        with self._lock:
+          self.counters["server_exits"] += 1
+        code = self.process.exit_code
+        if self.cfg.on_exit != "restart":
+          raise RuntimeError(f"rollout engine: the llama.cpp server on {self.process.url} exited (code {code}) "
+                             f"and config.rollout.server_on_exit={self.cfg.on_exit!r}") from None
+        if self._restarts_this_call > self.cfg.retries:
+          raise RuntimeError(f"rollout engine: the llama.cpp server exited {self._restarts_this_call} times during "
+                             f"one rollout (last code {code}): {err}") from None
+        logging.warning("rollout engine: llama.cpp server exited (code %s); restarting it on %s", code,
+                        self.process.model_path)
+        self.process.start(self.process.model_path)
+        self._restarts_this_call += 1
+        with self._lock:
+          self.counters["server_restarts"] += 1
+        return True
+      try:
+        self.client.get("/health", timeout_s=min(5.0, self.cfg.timeout_s))
+        return False  # it answers: the failure was the request's own
+      except (ServerUnavailable, ServerRejected):
+        pass
+      if not self._waits():
+        raise RuntimeError(f"rollout engine: the server at {self.client.base_url} does not answer ({err}) and "
+                           f"config.rollout.server_on_exit={self.cfg.on_exit!r}") from None
+      logging.warning("rollout engine: the server at %s does not answer; waiting up to %g s", self.client.base_url,
+                      self.cfg.wait_s)
+      deadline = time.monotonic() + self.cfg.wait_s
+      while time.monotonic() < deadline:
+        try:
+          self.client.get("/health", timeout_s=min(5.0, self.cfg.timeout_s))
+          with self._lock:
+            self.counters["server_exits"] += 1
+          return True
+        except (ServerUnavailable, ServerRejected):
+          time.sleep(min(1.0, self.cfg.backoff_s))
+      raise RuntimeError(f"rollout engine: the server at {self.client.base_url} did not come back within "
+                         f"config.rollout.server_wait_s={self.cfg.wait_s:g} s ({err})") from None
+
+  def _post(self, path: str, payload: dict, parse=lambda answer: answer):
+    """POST, `parse` the answer; retried on ServerUnavailable (a malformed answer included)."""
+    attempt = 0
+    while True:
+      with self._lock:
+        self.counters["requests"] += 1
+      try:
+        return parse(self.client.post(path, payload))
+      except ServerUnavailable as e:
+        back = self._recover(e)
+        if not back:
+          if attempt >= self.cfg.retries:
+            raise
+          with self._lock:
+            self.counters["retries"] += 1
+          time.sleep(self.cfg.backoff_s * 2 ** attempt)
+          attempt += 1
+
+  # ---- the contract ---------------------------------------------------------------
+
+  def sync(self, params, version: int) -> None:
+    """Push `params` to the server when `sync_every` steps have passed since the last push."""
+    if self.synced_step is not None and version - self.synced_step < self.cfg.sync_every:
+      return
+    t0 = time.perf_counter()
+    done = self.weight_sync.push(self, params, version)
+    if done is None:  # the server's weights are not ours to set
+      return
+    with self._lock:
+      self.counters["syncs"] += 1
+      self.timings["export_s"] = done.export_s
+      self.timings["reload_s"] = done.reload_s
+      self.timings["sync_s"] = time.perf_counter() - t0
+    self.version, self.synced_step = version, version
+
+  def generate(self, prompts, key) -> RolloutBatch:
+    if self.client is None:
+      raise RuntimeError("OpenAIEngine.generate before sync: the engine's server has no weights yet")
+    scfg = self.scfg
+    G, R, K = scfg.n_samples, scfg.max_new_tokens, scfg.record_topk
+    n_prompts = prompts.tokens_BP.shape[0]
+    B = n_prompts * G
+    seeds = np.asarray(jax.random.randint(key, (B,), 0, 2**31 - 1), np.int64)
+    rows = [prompts.tokens_BP[b // G][prompts.mask_BP[b // G]].astype(int).tolist() for b in range(B)]
+    if self.n_ctx is not None:
+      longest = max(len(r) for r in rows)
+      if longest + R > self.n_ctx:
+        raise ConfigError(f"a prompt of {longest} tokens + config.rollout.max_response_len={R} exceeds the server's "
+                          f"context of {self.n_ctx} tokens per slot")
+    self._restarts_this_call = 0
+    samples: dict[int, _Sample] = {}
+    pending = list(range(B))
+    for round_ in range(self.cfg.retries + 1 if self.cfg.on_failure == "resample" else 1):
+      if round_:
+        with self._lock:
+          self.counters["resampled"] += len(pending)
+        logging.warning("rollout engine: resampling %d samples whose requests failed", len(pending))
+      failed = []
+      with concurrent.futures.ThreadPoolExecutor(self.cfg.concurrency) as pool:
+        futures = {pool.submit(self._sample, rows[b], int(seeds[b]) + round_ * 7919): b for b in pending}
+        for fut in concurrent.futures.as_completed(futures):
+          b = futures[fut]
+          try:
+            samples[b] = fut.result()
+          except ServerUnavailable as e:
+            with self._lock:
+              self.counters["failed_requests"] += 1
+            logging.warning("rollout engine: sample %d failed after %d retries: %s", b, self.cfg.retries, e)
+            failed.append(b)
+      pending = sorted(failed)
+      if not pending:
+        break
+    with self._lock:
+      self.counters["dropped"] += len(pending)
+    return self._batch(prompts, samples, B, R, K)
+
+  def close(self) -> None:
+    if self.process is not None:
+      self.process.stop()
+    self.weight_sync.close()
+
+  def metrics(self) -> dict[str, float]:
+    """Counters since the start (requests, retries, failures, restarts, syncs) and the last sync's seconds."""
+    with self._lock:
+      out = {f"engine/{k}": float(v) for k, v in self.counters.items()}
+      out.update({f"engine/{k}": v for k, v in self.timings.items()})
+    return out
+
+  # ---- one sample --------------------------------------------------------------------
+
+  def _sample(self, prompt_ids: list[int], seed: int) -> _Sample:
+    payload = {"model": self.model_name, "prompt": prompt_ids, "seed": seed, **self.fields}
+    return self._post("/v1/completions", payload, self._parse_checked)
+
+  def _parse_checked(self, resp: dict) -> _Sample:
+    try:
+      return self._parse(resp)
+    except ConfigError:
+      raise
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+      raise ServerUnavailable(f"malformed completion ({type(e).__name__}: {e}): {str(resp)[:160]}") from None
+
+  def _parse(self, resp: dict) -> _Sample:
+    choice = resp["choices"][0]
+    content = (choice.get("logprobs") or {})["content"]
+    V, K, R = self.model_cfg.vocab_size, self.scfg.record_topk, self.scfg.max_new_tokens
+    ids, logp, top_ids, top_logp = [], [], [], []
+    finish = FINISH_LENGTH
+    for entry in content:
+      tok = int(entry["id"])
+      if not 0 <= tok < V:
+        raise ValueError(f"token id {tok} outside the vocabulary [0, {V})")
+      ids.append(tok)
+      logp.append(_log(float(entry["prob"])))
+      tops = sorted(entry.get("top_probs") or [], key=lambda t: -float(t["prob"]))[:K]
+      top_ids.append([int(t["id"]) for t in tops] + [self.scfg.pad_id] * (K - len(tops)))
+      top_logp.append([_log(float(t["prob"])) for t in tops] + [-math.inf] * (K - len(tops)))
+      if tok in self.ends:  # the answer ends here, whether or not the server stopped on it
+        finish = FINISH_EOS if tok in self.scfg.eos_ids else FINISH_STOP
+        break
+    if len(ids) > R:
+      raise ValueError(f"{len(ids)} tokens for max_tokens={R}")
+    if finish == FINISH_LENGTH and choice.get("finish_reason") == "stop":
+      raise ConfigError(f"the server stopped an answer on token {ids[-1] if ids else None}, which is not in the "
+                        f"trainer's eos_ids {sorted(self.scfg.eos_ids)} or stop_ids {sorted(self.scfg.stop_ids)}: "
+                        "the served model's end-of-generation tokens differ from the trainer's")
+    return _Sample(ids, logp, top_ids, top_logp, finish)
+
+  def _batch(self, prompts, samples: dict[int, _Sample], B: int, R: int, K: int) -> RolloutBatch:
+    pad, G = self.scfg.pad_id, self.scfg.n_samples
+    tokens = np.full((B, R), pad, np.int32)
+    mask = np.zeros((B, R), bool)
+    logp = np.zeros((B, R), np.float32)
+    top_ids = np.full((B, R, K), pad, np.int32)
+    top_logp = np.zeros((B, R, K), np.float32)
+    finish = np.full((B,), FINISH_LENGTH, np.int32)
+    length = np.zeros((B,), np.int32)
+    for b, s in samples.items():
+      n = len(s.ids)
+      tokens[b, :n], mask[b, :n], logp[b, :n], finish[b], length[b] = s.ids, True, s.logp, s.finish, n
+      if K:
+        top_ids[b, :n], top_logp[b, :n] = s.top_ids, s.top_logp
+    dropped = np.array([b not in samples for b in range(B)])
+    idx = np.arange(B) // G
+    return RolloutBatch(
+        prompt_BP=np.repeat(prompts.tokens_BP, G, axis=0), prompt_mask_BP=np.repeat(prompts.mask_BP, G, axis=0),
+        tokens_BR=tokens, mask_BR=mask, behav_logp_BR=jnp.asarray(logp),
+        truncated_B=(finish == FINISH_LENGTH) & ~dropped, length_B=length,
+        topk_ids_BRK=jnp.asarray(top_ids), topk_logp_BRK=jnp.asarray(top_logp),
+        prompts=tuple(prompts.prompts[i] for i in idx), answers=tuple(prompts.answers[i] for i in idx),
+        tags=tuple(prompts.tags[i] for i in idx), responses=tuple(self.tokenizer.decode(row) for row in tokens),
+        version_B=np.full((B,), self.version, np.int32))
+
+
+def _log(p: float) -> float:
+  return math.log(p) if p > 0 else -math.inf
+
+
+def make_openai_engine(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg=None,
+                       settings: ServerEngineConfig | None = None) -> OpenAIEngine:
+  """The registry's factory: settings from run_cfg.rollout (or given), the weight sync they name."""
+  del batch_sharding  # the server holds the rows
+  hf_path = ""
+  if run_cfg is not None:
+    if run_cfg.objective.needs_token_kl:
+      raise ConfigError(f"config.rollout.engine='openai' cannot serve objective {run_cfg.method!r}: its token "
+                        "KL(mu || pi_theta) recomputes mu with the trainer's own sampler, not the server")
+    settings = settings or ServerEngineConfig.from_rollout(run_cfg.rollout, run_cfg.data.max_prompt_len)
+    hf_path = run_cfg.model.hf_path
+  settings = settings or ServerEngineConfig()
+  process = None
+  if settings.sync == "restart":
+    process = LlamaServerProcess(settings.command, alias=settings.model or "jaxrl_llm-policy",
+                                 slots=settings.concurrency, ctx_per_slot=settings.ctx_per_slot,
+                                 wait_s=settings.wait_s, log_dir=RestartSync.make_dir())
+    sync = RestartSync(model_cfg=model_cfg, tokenizer=tokenizer, qtype=settings.export, hf_path=hf_path,
+                       out_dir=process.log_dir)
+  elif settings.sync == "sglang":
+    sync = SGLangDiskSync(model_cfg=model_cfg)
+  else:
+    sync = NoSync()
+  return OpenAIEngine(model_cfg=model_cfg, sampling_cfg=sampling_cfg, tokenizer=tokenizer, settings=settings,
+                      weight_sync=sync, process=process)
+
+
+register_engine("openai", make_openai_engine)
