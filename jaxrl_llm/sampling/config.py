@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrl_llm.checks import DTYPES, bad, check_choice, check_float, check_int
+from jaxrl_llm.sampling.mismatch import QUANT_MODES, SamplerMismatch
 
 
 
@@ -137,7 +138,12 @@ class SamplingConfig:
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
   """The run config's `rollout` section (keys documented in jaxrl_llm/training/defaults.py):
-  how many samples a step draws, from which engine, with what settings and mismatch."""
+  how many samples a step draws, from which engine, with what settings and mismatch.
+
+  The mismatch between the sampler mu and the trainer's pi_prox is dialled by
+  `sampler_dtype`, `staleness` and, for the built-in engine, `quant` /
+  `quant_group` / `noise` / `noise_seed` (sampling/mismatch.py); all combine.
+  """
 
   engine: str  # a rollout engine of sampling/engine.py's registry (checked against it by RunConfig)
   prompts_per_step: int
@@ -149,6 +155,10 @@ class RolloutConfig:
   sampler_dtype: str
   staleness: int
   record_topk: int
+  quant: str = "none"  # none | int8 | int4: the built-in sampler's weight matrices fake-quantised
+  quant_group: int = 32  # weights per quantisation block (llama.cpp's Q8_0 / Q4_0 use 32)
+  noise: float = 0.0  # relative std of a Gaussian perturbation of the sampler's weight matrices; 0 = off
+  noise_seed: int = 0  # seed of that perturbation (fixed for the run)
 
   @property
   def batch_size(self) -> int:
@@ -167,6 +177,24 @@ class RolloutConfig:
     check_choice("config.rollout.sampler_dtype", self.sampler_dtype, DTYPES)
     check_int("config.rollout.staleness", self.staleness, 0, 64)
     check_int("config.rollout.record_topk", self.record_topk, 0)
+    check_choice("config.rollout.quant", self.quant, QUANT_MODES)
+    check_int("config.rollout.quant_group", self.quant_group, 1, 1 << 20)
+    check_float("config.rollout.noise", self.noise, 0.0, 1.0)
+    check_int("config.rollout.noise_seed", self.noise_seed, 0)
+    if self.mismatch.active and self.engine != "builtin":
+      raise bad("config.rollout.engine", self.engine, "rollout.quant and rollout.noise are applied by the "
+                "built-in sampler only: use engine 'builtin', or quant='none' and noise=0")
+
+  @property
+  def mismatch(self) -> SamplerMismatch:
+    """The built-in sampler's weight mismatch (quantisation, noise)."""
+    return SamplerMismatch(quant=self.quant, group=self.quant_group, noise=float(self.noise),
+                           noise_seed=self.noise_seed)
+
+  @property
+  def mismatched(self) -> bool:
+    """Whether anything makes mu differ from pi_prox on purpose (dtype, staleness, quant, noise)."""
+    return self.sampler_dtype != "float32" or self.staleness > 0 or self.mismatch.active
 
   def sampling(self, tokenizer, *, greedy: bool = False) -> SamplingConfig:
     """The sampler's settings for this rollout config and tokenizer (greedy: the evaluation's)."""

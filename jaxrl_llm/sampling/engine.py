@@ -36,6 +36,7 @@ from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling import generate as generate_lib
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.loop import cast_params
+from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched_params
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 
 
@@ -94,12 +95,15 @@ class RolloutEngine(Protocol):
     """Release what the engine holds (processes, connections)."""
 
 
-def sampler_view(params, model_cfg: ModelConfig, scfg: SamplingConfig):
-  """(params, model config) as the sampler runs them: cast to `scfg.dtype` when set.
+def sampler_view(params, model_cfg: ModelConfig, scfg: SamplingConfig, mismatch: SamplerMismatch = NO_MISMATCH):
+  """(params, model config) as the sampler runs them: the built-in engine's
+  weight mismatch applied (sampling/mismatch.py), then cast to `scfg.dtype` when set.
 
   A recompute of mu (TRM's token KL) runs this view so that it sees the
   distribution the tokens were sampled from.
   """
+  if mismatch.active:
+    params = mismatched_params(params, mismatch)
   return cast_params(params, scfg.dtype), generate_lib.sampler_model_config(model_cfg, scfg)
 
 
@@ -132,16 +136,20 @@ class JaxSampler:
   """The built-in engine: the jitted sampler on the trainer's devices.
 
   `sync` keeps a reference to the params (no copy): the trainer hands it the
-  policy, or a snapshot k steps old under `rollout.staleness`.
+  policy, or a snapshot k steps old under `rollout.staleness`. With a weight
+  `mismatch` (rollout.quant / rollout.noise) `sync` derives the sampler's own
+  weights from them instead (`mismatch.mismatched_params`, one copy).
   """
 
-  def __init__(self, *, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tokenizer, batch_sharding=None):
+  def __init__(self, *, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tokenizer, batch_sharding=None,
+               mismatch: SamplerMismatch = NO_MISMATCH):
     self.model_cfg, self.sampling_cfg, self.tokenizer = model_cfg, sampling_cfg, tokenizer
-    self.batch_sharding = batch_sharding
+    self.batch_sharding, self.mismatch = batch_sharding, mismatch
     self.params, self.version = None, -1
 
   def sync(self, params, version: int) -> None:
-    self.params, self.version = params, version
+    self.params = mismatched_params(params, self.mismatch) if self.mismatch.active else params
+    self.version = version
 
   def generate(self, prompts, key) -> RolloutBatch:
     if self.params is None:
@@ -175,9 +183,10 @@ def make_engine(name: str, **kwargs) -> RolloutEngine:
 
 
 def _builtin(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg=None) -> JaxSampler:
-  del run_cfg  # everything the built-in sampler needs is in the sampling config
+  # The sampling config says how to sample; the run's rollout section adds the weight mismatch.
+  mismatch = run_cfg.rollout.mismatch if run_cfg is not None else NO_MISMATCH
   return JaxSampler(model_cfg=model_cfg, sampling_cfg=sampling_cfg, tokenizer=tokenizer,
-                    batch_sharding=batch_sharding)
+                    batch_sharding=batch_sharding, mismatch=mismatch)
 
 
 register_engine("builtin", _builtin)

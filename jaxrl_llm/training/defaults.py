@@ -126,6 +126,11 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.rollout.sampler_dtype = "float32"  # float32 | bfloat16: a lower-precision sampler makes mu != pi_prox
   c.rollout.staleness = 0  # k: step s samples with the params step s-k started from (PipelineRL-k; k updates ago with one update per step); 0 is on-policy
   c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
+  # Mismatch on purpose (built-in engine; sampling/mismatch.py), combinable with sampler_dtype and staleness:
+  c.rollout.quant = "none"  # none | int8 | int4: sampler's weight matrices fake-quantised like llama.cpp's Q8_0 / Q4_0
+  c.rollout.quant_group = 32  # weights per quantisation block (one float16 scale each), along the input axis
+  c.rollout.noise = 0.0  # relative std of a Gaussian perturbation w (1 + noise eps) of the sampler's matrices; 0 off
+  c.rollout.noise_seed = 0  # seed of eps (drawn once: the same perturbation at every weight refresh)
 
   # ---- filters and reward shaping ---------------------------------------------
   c.filters = ml_collections.ConfigDict()

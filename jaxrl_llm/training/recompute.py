@@ -14,6 +14,7 @@ import numpy as np
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.model.logprobs import response_hidden, response_logprobs
 from jaxrl_llm.sampling.engine import sampler_view
+from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched_params
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, value_head
 
 
@@ -48,14 +49,15 @@ def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, mode
 
 
 def behaviour_hidden(sampler_params, sampling_cfg, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR,
-                     *, chunk: int, sharding=None) -> jax.Array:
+                     *, chunk: int, sharding=None, mismatch: SamplerMismatch = NO_MISMATCH) -> jax.Array:
   """h_mu: the sampler's final hidden states [B, R, D], recomputed with its
   params and dtype (host array in that dtype). With its output head
   (`behaviour_head`) they give mu(v | prefix) = softmax(h_mu @ w_mu / T) at
   the sampling temperature: TRM's per-token KL(mu || pi_theta) in the update,
   without a [B, R, V] array. Exact when the sampler does not truncate
-  (top_k = 0, top_p = 1). A device array: nothing on the host reads it."""
-  params, run_cfg = sampler_view(sampler_params, model_cfg, sampling_cfg)
+  (top_k = 0, top_p = 1), with the built-in engine's weight `mismatch`
+  applied as the engine applies it. A device array: nothing on the host reads it."""
+  params, run_cfg = sampler_view(sampler_params, model_cfg, sampling_cfg, mismatch)
   outs = []
   for s in range(0, tokens_BR.shape[0], chunk):
     args = (prompt_BP[s:s + chunk], prompt_mask_BP[s:s + chunk], tokens_BR[s:s + chunk], mask_BR[s:s + chunk])
@@ -65,10 +67,11 @@ def behaviour_hidden(sampler_params, sampling_cfg, model_cfg, prompt_BP, prompt_
   return jnp.concatenate(outs)  # stays on the device: only the update reads it
 
 
-def behaviour_head(model_cfg, sampling_cfg, state) -> dict:
+def behaviour_head(model_cfg, sampling_cfg, state, mismatch: SamplerMismatch = NO_MISMATCH) -> dict:
   """The update's aux for TRM: {AUX_BEHAV_HEAD: the sampler's output head w_DV
-  in the sampler's dtype}."""
-  w_DV = model_lib.lm_head(state.sampler_params(), model_cfg)
+  in the sampler's dtype, with its weight `mismatch`}."""
+  params = state.sampler_params()
+  w_DV = model_lib.lm_head(mismatched_params(params, mismatch) if mismatch.active else params, model_cfg)
   # Always a copy: without staleness the sampler's head is the policy's own
   # buffer, which the update donates, and mu must stay the sampling-time head
   # through all of the step's updates.

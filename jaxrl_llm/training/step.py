@@ -18,6 +18,7 @@ import numpy as np
 from jaxrl_llm import faults
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.sampling.engine import RolloutBatch
+from jaxrl_llm.sampling.mismatch import mismatch_metrics
 from jaxrl_llm.training import advantage as adv_lib
 from jaxrl_llm.training import filters as filt
 from jaxrl_llm.training.batch import TrainBatch
@@ -73,6 +74,13 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key):
   return samples, scores, keep & over, stats
 
 
+def recomputes_prox(cfg) -> bool:
+  """Whether a step recomputes log pi_prox: the objective, the KL or the value
+  loss need it, or a mismatch dialled on purpose is measured against it (one forward)."""
+  obj = cfg.objective
+  return obj.needs_prox or obj.needs_ref or cfg.log.kl_to_ref or cfg.use_value or cfg.rollout.mismatched
+
+
 def build_batch(ctx: StepContext, state: TrainState, samples: RolloutBatch, scores, keep_B
                 ) -> tuple[TrainBatch, dict]:
   cfg, obj = ctx.cfg, ctx.cfg.objective
@@ -84,7 +92,7 @@ def build_batch(ctx: StepContext, state: TrainState, samples: RolloutBatch, scor
                 chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding)
   args = (samples.prompt_BP, samples.prompt_mask_BP, samples.tokens_BR, samples.mask_BR)
   prox_logp, values = zeros, zeros
-  need_prox = obj.needs_prox or obj.needs_ref or cfg.log.kl_to_ref or cfg.use_value
+  need_prox = recomputes_prox(cfg)
   if need_prox:
     prox_logp, values = policy_logprobs(state.params, state.value_params, *args, with_values=cfg.use_value,
                                         **common)
@@ -94,13 +102,16 @@ def build_batch(ctx: StepContext, state: TrainState, samples: RolloutBatch, scor
   behav_hidden = np.zeros((B, R, 0), np.float32)
   if obj.needs_token_kl:
     behav_hidden = behaviour_hidden(state.sampler_params(), ctx.sampling_cfg, ctx.model_cfg, *args,
-                                    chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding)
+                                    chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding,
+                                    mismatch=cfg.rollout.mismatch)
   t1 = time.time()
   adv_BR, returns_BR = adv_lib.advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
                                           prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
   if faults.point("advantage"):
     adv_BR = adv_BR * np.nan
   stats = {"time/recompute_s": t1 - t0, "time/advantage_s": time.time() - t1}
+  if need_prox:  # log c = log pi_prox - log mu over every sampled token (sampling/mismatch.py)
+    stats.update(mismatch_metrics(prox_logp, jax.device_get(samples.behav_logp_BR), samples.mask_BR))
   extra_BR = {}
   for ext in ctx.extensions:  # in order: each sees the advantages the previous one wrote
     t2 = time.time()
@@ -138,7 +149,8 @@ def update_aux(ctx: StepContext, state: TrainState) -> dict:
   """The update's `aux` ({name: array}, no batch axis): the sampler's head for
   TRM's token KL, then each extension's `aux(state)`, replicated over the mesh.
   The arrays must not alias the params (the update donates them)."""
-  parts = [behaviour_head(ctx.model_cfg, ctx.sampling_cfg, state)] if ctx.cfg.objective.needs_token_kl else []
+  parts = ([behaviour_head(ctx.model_cfg, ctx.sampling_cfg, state, ctx.cfg.rollout.mismatch)]
+           if ctx.cfg.objective.needs_token_kl else [])
   parts += [ext.aux(state) for ext in ctx.extensions]
   aux = {}
   for part in parts:
