@@ -17,7 +17,6 @@ from safetensors.numpy import load_file
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import forward, logits
-from jaxrl_llm.model.config import FAMILIES
 from jaxrl_llm.model.gguf_arch import unpermute_heads
 from jaxrl_llm.model.gguf_io import SOURCE_FILE, gguf_to_hf, resolve_model_path
 from jaxrl_llm.model.hf_io import load_hf
@@ -102,8 +101,6 @@ def test_directory_gives_the_written_models_logits(converted, arch):
   again = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
                                                             attn_implementation="eager").eval()
   np.testing.assert_allclose(_torch_logits(again, tokens, mask, positions)[mask], ref[mask], rtol=0, atol=TOL)
-  if arch not in FAMILIES:  # Gemma 3's decoder lands separately (model/config.py and the layers)
-    pytest.skip(f"our decoder has no {arch} family yet: transformers' reading of the directory is checked above")
   params, cfg = load_hf(hf_dir)
   hidden, _ = jax.jit(forward, static_argnums=1)(params, cfg, jnp.asarray(tokens), jnp.asarray(positions),
                                                  jnp.asarray(mask))

@@ -3,6 +3,7 @@ machine into the model cache) against the `gguf` package and transformers' own G
 SmolLM2-135M-Instruct (llama, Q4_1 + Q8_0) and Gemma 3 270M (gemma3, Q4_K_M: Q8_0, Q5_0, Q4_K, Q6_K)."""
 
 import copy
+import json
 import os
 
 import gguf
@@ -16,7 +17,6 @@ from safetensors.numpy import load_file
 from tokenizers import pre_tokenizers
 
 from jaxrl_llm.model import forward, logits
-from jaxrl_llm.model.config import FAMILIES
 from jaxrl_llm.model.gguf_io import gguf_to_hf
 from jaxrl_llm.model.gguf_reader import GGUFFile
 from jaxrl_llm.model.hf_io import load_hf
@@ -48,29 +48,6 @@ def _transformers_model(path):
 
 def _transformers_tokenizer(path):
   return transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-
-
-@pytest.fixture(scope="module")
-def smollm(pretrained_gguf, tmp_path_factory):
-  """(GGUFFile, our HF directory) of SmolLM2-135M-Instruct."""
-  gg = GGUFFile(pretrained_gguf("smollm2-135m"))
-  return gg, gguf_to_hf(gg, str(tmp_path_factory.mktemp("smollm2") / "hf"))
-
-
-@pytest.fixture(scope="module")
-def smollm_ref(smollm):
-  """transformers' model and tokenizer, loaded from the same file."""
-  return _transformers_model(smollm[0].path), _transformers_tokenizer(smollm[0].path)
-
-
-@pytest.fixture(scope="module")
-def gemma(pretrained_gguf):
-  return GGUFFile(pretrained_gguf("gemma3-270m"))
-
-
-@pytest.fixture(scope="module")
-def gemma_ref_tok(gemma):
-  return _transformers_tokenizer(gemma.path)
 
 
 def _assert_dequantised_like_gguf(gg, expect_types):
@@ -154,32 +131,31 @@ def _check_tokenizer(tok, ref_tok, strings):
 
 
 # ---- SmolLM2-135M-Instruct -----------------------------------------------------------------------
+# One test per model: its heavy fixtures (conversion, transformers' loading) are built once, whichever
+# pytest-xdist worker runs it.
 
-def test_smollm2_weights(smollm, smollm_ref):
-  gg, hf_dir = smollm
+def test_smollm2(pretrained_gguf, tmp_path):
+  gg = GGUFFile(pretrained_gguf("smollm2-135m"))
+  hf_dir = gguf_to_hf(gg, str(tmp_path / "hf"))
+  ref, ref_tok = _transformers_model(gg.path), _transformers_tokenizer(gg.path)
+
+  # (a) The tensors, and the directory (names, layout, q/k rows unpermuted): what transformers reads.
   _assert_dequantised_like_gguf(gg, {"F32", "Q4_1", "Q8_0"})
-  # The directory (names, layout, q/k rows unpermuted) holds what transformers reads from the file.
-  ref = smollm_ref[0].state_dict()
+  ref_state = ref.state_dict()
   ours = load_file(os.path.join(hf_dir, "model.safetensors"))
-  assert set(ours) == set(ref) - {"lm_head.weight"}  # tied
+  assert set(ours) == set(ref_state) - {"lm_head.weight"}  # tied
   for name, w in ours.items():
-    np.testing.assert_array_equal(w, ref[name].numpy(), err_msg=name)
+    np.testing.assert_array_equal(w, ref_state[name].numpy(), err_msg=name)
 
-
-def test_smollm2_logits_and_greedy_replies(smollm, smollm_ref):
-  _, hf_dir = smollm
-  ref, ref_tok = smollm_ref
+  # (b), (c) Then our f32 error is no bigger than twice transformers' own, both against its float64.
   ours, ref32, (_, tokens, mask, positions) = _check_against_transformers(hf_dir, ref, ref_tok)
-  # Our f32 error is no bigger than twice transformers' own: both against transformers in float64.
   ref64 = _torch_logits(copy.deepcopy(ref).double(), tokens, mask, positions)
   ours_err, theirs_err = np.abs(ours - ref64)[mask].max(), np.abs(ref32 - ref64)[mask].max()
   print(f"max abs error against float64: ours {ours_err:.3g}, transformers f32 {theirs_err:.3g}")
   assert ours_err <= 2 * theirs_err
 
-
-def test_smollm2_tokenizer(smollm, smollm_ref):
-  _, hf_dir = smollm
-  tok, ref_tok = load_tokenizer(hf_dir), smollm_ref[1]
+  # (d) The tokenizer.
+  tok = load_tokenizer(hf_dir)
   strings = varied_strings(200)
   strings.append(tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}]))
   plain = [s for s in strings if not any(c.isnumeric() for c in s)]
@@ -187,38 +163,17 @@ def test_smollm2_tokenizer(smollm, smollm_ref):
   _check_tokenizer(tok, ref_tok, plain)
   # transformers' gguf tokenizer leaves out the Digits step of SmolLM2's tokenizer.json (llama.cpp's
   # "smollm" pre-tokenizer has it too): with the step put back, it agrees on every string.
-  original = ref_tok.backend_tokenizer.pre_tokenizer
+  newlines, one, a = tok.encode("\n\n"), tok.encode("1"), tok.encode("a")
+  assert ref_tok("a\n\n1", add_special_tokens=False).input_ids == a + tok.encode("\n") * 2 + one
   ref_tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
       [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-  try:
-    _check_tokenizer(tok, ref_tok, strings)
-  finally:
-    ref_tok.backend_tokenizer.pre_tokenizer = original
-  # "\n\n" then a digit: one token once the digit is split off, as SmolLM2 was trained; two without.
-  newlines, one, a = tok.encode("\n\n"), tok.encode("1"), tok.encode("a")
+  _check_tokenizer(tok, ref_tok, strings)
+  # "\n\n" then a digit: one token once the digit is split off, as SmolLM2 was trained.
   assert len(newlines) == 1 and tok.encode("a\n\n1") == a + newlines + one
-  assert ref_tok("a\n\n1", add_special_tokens=False).input_ids == a + tok.encode("\n") * 2 + one
   assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 2, 2, 49152)
 
 
 # ---- Gemma 3 270M ----------------------------------------------------------------------------------
-
-def test_gemma3_weights(gemma):
-  _assert_dequantised_like_gguf(gemma, {"F32", "Q8_0", "Q5_0", "Q4_K", "Q6_K"})
-
-
-def test_gemma3_tokenizer(gemma, gemma_ref_tok, tmp_path):
-  from jaxrl_llm.model.gguf_arch import gguf_hf_config
-  from jaxrl_llm.model.gguf_tokenizer import gguf_tokenizer_files
-
-  files = gguf_tokenizer_files(gemma, gguf_hf_config(gemma)["vocab_size"], max_length=32768)
-  for name, content in files.items():
-    (tmp_path / name).write_text(content)
-  tok = load_tokenizer(str(tmp_path))
-  assert "chat_template.jinja" not in files  # this file carries none
-  _check_tokenizer(tok, gemma_ref_tok, varied_strings(200))
-  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (2, 1, 0, 262144)
-
 
 # Gemma 3 270M's published config.json (google/gemma-3-270m), the fields a GGUF file implies.
 GEMMA3_270M = dict(
@@ -231,21 +186,22 @@ GEMMA3_270M = dict(
     layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3)
 
 
-def test_gemma3_config(gemma):
-  from jaxrl_llm.model.gguf_arch import gguf_hf_config
-
-  hf = gguf_hf_config(gemma)
+def test_gemma3(pretrained_gguf, tmp_path):
+  """(b), (c) are against transformers' Gemma3ForCausalLM on our directory: its tensors are the
+  file's ((a) here; the names and the norms' minus one against transformers' gguf loader in
+  test_gguf_convert.py), its config the published one. Loading the file through transformers again
+  would add half a minute for the same tensors."""
+  gg = GGUFFile(pretrained_gguf("gemma3-270m"))
+  _assert_dequantised_like_gguf(gg, {"F32", "Q8_0", "Q5_0", "Q4_K", "Q6_K"})  # (a)
+  hf_dir = gguf_to_hf(gg, str(tmp_path / "hf"))
+  hf = json.load(open(os.path.join(hf_dir, "config.json")))
   assert {k: hf[k] for k in GEMMA3_270M} == GEMMA3_270M
   assert abs(hf["rms_norm_eps"] - 1e-6) < 1e-12  # stored as float32
 
+  tok = load_tokenizer(hf_dir)  # (d)
+  assert tok.chat_template is None  # this file carries none
+  _check_tokenizer(tok, _transformers_tokenizer(gg.path), varied_strings(200))
+  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (2, 1, 0, 262144)
 
-def test_gemma3_logits_and_greedy_replies(gemma, tmp_path):
-  """Against transformers' Gemma3ForCausalLM on our directory: its tensors are the file's
-  (test_gemma3_weights; names and the norms' minus one against transformers' gguf loader in
-  test_gguf_convert.py), its config the published one (test_gemma3_config). Loading the file through
-  transformers again would add half a minute for the same tensors."""
-  if "gemma3" not in FAMILIES:  # Gemma 3's decoder lands separately (model/config.py and the layers)
-    pytest.skip("our decoder has no gemma3 family yet; the weights, config and tokenizer are checked above")
-  hf_dir = gguf_to_hf(gemma, str(tmp_path / "hf"))
   ref = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
   _check_against_transformers(hf_dir, ref, None)
