@@ -18,6 +18,7 @@ are in the error when the server dies while starting.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import shutil
@@ -64,6 +65,7 @@ class LlamaServerProcess:
     self.proc: subprocess.Popen | None = None
     self.model_path = ""
     self.log_path = os.path.join(log_dir, "llama-server.log")
+    atexit.register(self.stop)  # a run that dies without closing its engine leaves no server behind
 
   def alive(self) -> bool:
     return self.proc is not None and self.proc.poll() is None

@@ -122,3 +122,19 @@ def test_unsupported_exports_are_refused(tmp_path):
   with pytest.raises(ConfigError, match="cannot be written as GGUF metadata"):
     export_gguf(params, cfg, str(tmp_path / "x.gguf"), tokenizer=OtherTokenizer(), hf_path="/some/hf/dir")
   assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_gguf_checkpoints_tokenizer_is_copied(tmp_path, pretrained_gguf):
+  # SmolLM2's checkpoint as the run loads it (model.hf_path = the .gguf, converted once into the model cache):
+  # the export carries its tokenizer.* metadata over, so the served vocabulary is the trainer's.
+  from jaxrl_llm.model.gguf_io import resolve_model_path
+
+  hf_path = resolve_model_path(pretrained_gguf("smollm2-135m"), field="model.hf_path")
+  tok = load_tokenizer(hf_path)
+  cfg = ModelConfig.tiny(tok.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+  info = export_gguf(init_params(cfg, jax.random.key(0)), cfg, str(tmp_path / "s.gguf"), tokenizer=tok,
+                     hf_path=hf_path)
+  back = load_tokenizer(gguf_to_hf(info.path, str(tmp_path / "hf"), chat_template=True))
+  text = "What is 2+3?\n  Answer: 5, naïve ½ <|im_end|>"
+  assert back.encode(text) == tok.encode(text) and back.eos_ids == tok.eos_ids
+  assert back.chat_template == tok.chat_template
