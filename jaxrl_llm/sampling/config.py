@@ -11,6 +11,13 @@ import dataclasses
 
 from jaxrl_llm.checks import DTYPES, bad, check_choice, check_float, check_int
 from jaxrl_llm.sampling.mismatch import QUANT_MODES, SamplerMismatch
+from jaxrl_llm.model.gguf_export import GGUF_EXPORT_TYPES
+
+# An external engine's server (engine 'openai', sampling/openai_engine.py): how it gets the weights
+# (sampling/weight_sync.py), what a request that keeps failing costs, what a server that died gets.
+SERVER_SYNCS = ("restart", "sglang", "none")
+SERVER_ON_FAILURE = ("resample", "drop")
+SERVER_ON_EXIT = ("restart", "wait", "error")
 
 
 
@@ -159,6 +166,20 @@ class RolloutConfig:
   quant_group: int = 32  # weights per quantisation block (llama.cpp's Q8_0 / Q4_0 use 32)
   noise: float = 0.0  # relative std of a Gaussian perturbation of the sampler's weight matrices; 0 = off
   noise_seed: int = 0  # seed of that perturbation (fixed for the run)
+  # External engines (engine 'openai'; keys documented in training/defaults.py):
+  sync_every: int = 1  # steps between weight pushes to the engine's server
+  server_url: str = ""  # http://HOST:PORT of a running server; "": the engine starts llama.cpp's itself
+  server_model: str = ""  # the model id the server must serve; "": its only one
+  server_command: str = "llama-server"  # the llama.cpp server the engine starts (server_sync='restart')
+  server_export: str = "f32"  # GGUF tensor type of the exported weights: f32 | f16 | q8_0 | q4_0
+  server_sync: str = "restart"  # restart | sglang | none
+  server_concurrency: int = 8  # requests in flight (and the started server's slots)
+  server_timeout_s: float = 120.0  # per request
+  server_retries: int = 3  # retries of a failed request, back-off server_backoff_s * 2^attempt
+  server_backoff_s: float = 0.5
+  server_on_failure: str = "resample"  # resample | drop: a sample whose request kept failing
+  server_on_exit: str = "restart"  # restart | wait | error: the server gone mid-run
+  server_wait_s: float = 120.0  # how long to wait for a server to start or come back
 
   @property
   def batch_size(self) -> int:
@@ -181,6 +202,33 @@ class RolloutConfig:
     check_int("config.rollout.quant_group", self.quant_group, 1, 1 << 20)
     check_float("config.rollout.noise", self.noise, 0.0, 1.0)
     check_int("config.rollout.noise_seed", self.noise_seed, 0)
+    check_int("config.rollout.sync_every", self.sync_every, 1)
+    for name in ("server_url", "server_model", "server_command"):
+      if not isinstance(getattr(self, name), str):
+        raise bad(f"config.rollout.{name}", getattr(self, name), "a string")
+    check_choice("config.rollout.server_export", self.server_export, GGUF_EXPORT_TYPES)
+    check_choice("config.rollout.server_sync", self.server_sync, SERVER_SYNCS)
+    check_int("config.rollout.server_concurrency", self.server_concurrency, 1, 1024)
+    check_float("config.rollout.server_timeout_s", self.server_timeout_s, 0.0, 86400.0, low_open=True)
+    check_int("config.rollout.server_retries", self.server_retries, 0, 100)
+    check_float("config.rollout.server_backoff_s", self.server_backoff_s, 0.0, 3600.0)
+    check_choice("config.rollout.server_on_failure", self.server_on_failure, SERVER_ON_FAILURE)
+    check_choice("config.rollout.server_on_exit", self.server_on_exit, SERVER_ON_EXIT)
+    check_float("config.rollout.server_wait_s", self.server_wait_s, 0.0, 86400.0, low_open=True)
+    if self.engine == "openai":
+      managed = self.server_sync == "restart"
+      if managed and self.server_url:
+        raise bad("config.rollout.server_url", self.server_url, "server_sync='restart' starts its own llama.cpp "
+                  "server: leave server_url empty, or choose server_sync 'sglang' or 'none' for a running server")
+      if not managed and not self.server_url:
+        raise bad("config.rollout.server_url", self.server_url, f"server_sync={self.server_sync!r} needs the "
+                  "http://HOST:PORT of a running server")
+      if self.server_on_exit == "restart" and not managed:
+        raise bad("config.rollout.server_on_exit", self.server_on_exit, "only a server the engine started "
+                  "(server_sync='restart') can be restarted: use 'wait' or 'error'")
+      if self.sampler_dtype != "float32":
+        raise bad("config.rollout.sampler_dtype", self.sampler_dtype, "engine 'openai' samples at the precision "
+                  "of config.rollout.server_export: use 'float32'")
     if self.mismatch.active and self.engine != "builtin":
       raise bad("config.rollout.engine", self.engine, "rollout.quant and rollout.noise are applied by the "
                 "built-in sampler only: use engine 'builtin', or quant='none' and noise=0")
@@ -193,8 +241,9 @@ class RolloutConfig:
 
   @property
   def mismatched(self) -> bool:
-    """Whether anything makes mu differ from pi_prox on purpose (dtype, staleness, quant, noise)."""
-    return self.sampler_dtype != "float32" or self.staleness > 0 or self.mismatch.active
+    """Whether anything makes mu differ from pi_prox (dtype, staleness, quant, noise, an external engine)."""
+    return (self.sampler_dtype != "float32" or self.staleness > 0 or self.mismatch.active
+            or self.engine != "builtin")  # another engine's kernels (and an export type) are a mismatch too
 
   def sampling(self, tokenizer, *, greedy: bool = False) -> SamplingConfig:
     """The sampler's settings for this rollout config and tokenizer (greedy: the evaluation's)."""

@@ -131,6 +131,20 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.rollout.quant_group = 32  # weights per quantisation block (one float16 scale each), along the input axis
   c.rollout.noise = 0.0  # relative std of a Gaussian perturbation w (1 + noise eps) of the sampler's matrices; 0 off
   c.rollout.noise_seed = 0  # seed of eps (drawn once: the same perturbation at every weight refresh)
+  # External engine 'openai' (sampling/openai_engine.py: an OpenAI-compatible completions server, llama.cpp's):
+  c.rollout.sync_every = 1  # RL steps between weight pushes to the server (samples record the version they used)
+  c.rollout.server_url = ""  # http://HOST:PORT of a running server; "": the engine starts llama.cpp's server itself
+  c.rollout.server_model = ""  # model id the server must serve (GET /v1/models); "": the only one it serves
+  c.rollout.server_command = "llama-server"  # llama.cpp server (and flags, e.g. "llama-server -t 2") that the engine starts
+  c.rollout.server_export = "f32"  # f32 | f16 | q8_0 | q4_0: GGUF type of the weight matrices pushed at each sync
+  c.rollout.server_sync = "restart"  # restart: export GGUF, restart the started server | sglang: HF dir + POST /update_weights_from_disk | none: fixed weights
+  c.rollout.server_concurrency = 8  # requests in flight (the started server's slots, -np)
+  c.rollout.server_timeout_s = 120.0  # seconds per request before it counts as failed
+  c.rollout.server_retries = 3  # retries of a failed request, after server_backoff_s * 2^attempt seconds
+  c.rollout.server_backoff_s = 0.5  # first back-off, seconds
+  c.rollout.server_on_failure = "resample"  # resample (new seed, up to server_retries rounds) | drop (sample masked out)
+  c.rollout.server_on_exit = "restart"  # the server gone mid-run: restart it (a started one) | wait (server_wait_s) | error
+  c.rollout.server_wait_s = 120.0  # seconds to wait for a server to start or to come back
 
   # ---- filters and reward shaping ---------------------------------------------
   c.filters = ml_collections.ConfigDict()
