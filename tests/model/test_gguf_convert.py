@@ -227,3 +227,23 @@ def test_run_config_paths_accept_gguf(converted, tmp_path, monkeypatch):
     from_config_dict(c)
   c.data.chat_template = False
   assert from_config_dict(c).model.hf_path.startswith(str(tmp_path / "cache" / "hf" / "gemma3-"))
+
+
+def test_sharded_and_bfloat16_directories(converted, tmp_path):
+  path, model, _ = converted["qwen3"]
+  original = _state(model)
+  sharded = gguf_to_hf(path, str(tmp_path / "sharded"), max_shard_bytes=200_000)
+  index = json.load(open(os.path.join(sharded, "model.safetensors.index.json")))
+  files = sorted(set(index["weight_map"].values()))
+  assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+  assert not os.path.exists(os.path.join(sharded, "model.safetensors"))
+  params, cfg = load_hf(sharded)  # reads the index
+  np.testing.assert_array_equal(np.asarray(params["embed_VD"]), original["model.embed_tokens.weight"])
+  assert index["metadata"]["total_size"] == sum(v.nbytes for k, v in original.items() if k != "lm_head.weight")
+  bf16 = gguf_to_hf(path, str(tmp_path / "bf16"), dtype="bfloat16")
+  assert json.load(open(os.path.join(bf16, "config.json")))["dtype"] == "bfloat16"
+  params, cfg = load_hf(bf16)
+  assert cfg.param_dtype == "bfloat16"
+  w = original["model.layers.1.mlp.down_proj.weight"]
+  np.testing.assert_array_equal(np.asarray(params["layers"]["w_down_LFD"][1], np.float32),
+                                w.T.astype(jnp.bfloat16).astype(np.float32))
