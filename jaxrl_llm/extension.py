@@ -18,6 +18,10 @@ given at fixed points, in order:
         -> (adv_BR, extra_BR, metrics)
                                     after the advantages: new advantages,
                                     extra per-token loss inputs, diagnostics
+    token_diagnostics() -> {name: array}
+                                    the last rewrite_batch's per-token [B, R]
+                                    (or per-sample [B]) signals, for the
+                                    token-weight dump (training/dump.py)
     checkpoint_trees() -> {name: ExtraTree}
                                     pytrees outside the TrainState that a
                                     resumed run needs (saved with every
@@ -84,6 +88,9 @@ class Extension:
   def rewrite_batch(self, state, samples, scores, adv_BR, mask_BR):
     del state, samples, scores, mask_BR
     return adv_BR, {}, {}
+
+  def token_diagnostics(self) -> dict:
+    return {}
 
   def checkpoint_trees(self) -> dict:
     return {}

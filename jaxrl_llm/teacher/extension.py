@@ -5,6 +5,7 @@
                    self-teacher's hint warm start replaces the student's params
     rewrite_batch  scores the step's samples (stage.py) and rewrites the
                    advantages; the loss forms' inputs go into extra_BR
+    token_diagnostics  that batch's per-token signals and gates (the dump)
     extra_terms    the loss forms' divergence term (loss.py)
     aux            the teacher heads the loss forms need in the update
     checkpoint_trees  a moving self-teacher's weights
@@ -71,6 +72,10 @@ class TeacherExtension(Extension):
   def rewrite_batch(self, state, samples, scores, adv_BR, mask_BR):
     sig = self.stage.signals(samples, state.params, int(state.step))
     return self.stage.apply(sig, adv_BR, mask_BR, scores.correct_B)
+
+  def token_diagnostics(self) -> dict:
+    """The teacher's signals, trust weights and gates of the last batch (`TeacherStage.diagnostics`)."""
+    return dict(self.stage.diagnostics) if self.stage is not None else {}
 
   def checkpoint_trees(self) -> dict:
     if not self.cfg.moving_self_teacher:

@@ -109,6 +109,7 @@ class TeacherStage:
     self.schedule = TeacherSchedule(cfg.schedule, cfg.refresh_every, cfg.ema_decay)
     self.width = max(c.d_model for c in cfgs)  # E of teacher_hidden_BRD (narrower teachers zero-padded)
     self._moved_for_step = None
+    self.diagnostics: dict = {}  # the last `apply`'s per-token signals, trust weights and gates (host arrays)
 
   # ---- the teacher's weights --------------------------------------------------------
   @property
@@ -250,6 +251,14 @@ class TeacherStage:
     if self.cfg.loss_form:
       extra = {teacher_loss.WEIGHT: np.asarray(jnp.where(mask, weight_BR, 0.0), np.float32), **sig.loss_inputs}
     metrics = self.metrics(sig, mask_BR, routed, tau_BR, gate_BR)
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    # What the token-weight dump shows: [B, R] per token (0 off the mask), [B] per sample.
+    self.diagnostics = {
+        "teacher_logp": sig.teacher_logp_BR, "student_logp": sig.student_logp_BR, "gap": sig.gap_BR,
+        "teacher_entropy": sig.teacher_entropy_BR, "kl_student_teacher": sig.kl_BR,
+        "tau": f32(jnp.where(mask, tau_BR, 0.0)), "gate": f32(jnp.where(mask, gate_BR, 0.0)),
+        "weight": f32(jnp.where(mask, weight_BR, 0.0)), "reward_adv": f32(np.where(mask_BR, adv_BR, 0.0)),
+        "routed_B": f32(routed), "has_teacher_B": np.asarray(sig.has_teacher_B, bool)}
     return np.asarray(jnp.where(mask, adv, 0.0), np.float32), extra, metrics
 
   def metrics(self, sig: TeacherSignals, mask_BR, routed_B, tau_BR, gate_BR=None) -> dict:

@@ -75,11 +75,20 @@ class LogConfig:
   progress: bool
   every: int
   kl_to_ref: bool
+  dump_steps: tuple[int, ...] = ()  # RL steps (1-based) whose batches the token-weight dump writes
 
   def __post_init__(self):
     check_bool("config.log.progress", self.progress)
     check_int("config.log.every", self.every, 1)
     check_bool("config.log.kl_to_ref", self.kl_to_ref)
+    steps = self.dump_steps
+    if isinstance(steps, int) and not isinstance(steps, bool):
+      steps = (steps,)
+    if not isinstance(steps, (tuple, list)):
+      raise bad("config.log.dump_steps", steps, "a tuple of RL step numbers >= 1, e.g. (1, 50)")
+    for n in steps:
+      check_int("config.log.dump_steps (an entry)", n, 1)
+    object.__setattr__(self, "dump_steps", tuple(sorted(set(steps))))
 
 
 # Section name -> its dataclass (and where it lives).
@@ -171,6 +180,10 @@ class RunConfig:
       raise bad("config.train.micro_batch_size", tr.micro_batch_size,
                 f"aggregation 'group_token_mean' needs whole groups: mini-batch ({mini}) and micro-batch "
                 f"({self.micro_batch_size}) sizes must be multiples of group_size={G}")
+    late = [n for n in self.log.dump_steps if n > tr.steps]
+    if late:
+      raise bad("config.log.dump_steps", self.log.dump_steps, f"steps {late} are past train.steps={tr.steps}: "
+                f"allowed [1, {tr.steps}]")
     if self.filters.overlong_buffer >= ro.max_response_len:
       raise bad("config.filters.overlong_buffer", self.filters.overlong_buffer,
                 f"must be < rollout.max_response_len={ro.max_response_len}")

@@ -40,6 +40,10 @@ class StepContext:
   update_fn: Callable  # jit(update_step): (params, opt, vparams, vopt, batch, aux) -> (..., metrics)
   lr_schedule: Callable[[int], Any]  # optimizer update count -> learning rate
   extensions: tuple = ()  # jaxrl_llm.extension.Extension, in call order
+  # The same update, also returning the loss's per-token factors (update.update_step_with_factors):
+  # what the steps of `log.dump_steps` run; compiled on its first use.
+  factors_update_fn: Callable | None = None
+  workdir: str = ""  # the run's directory (the token-weight dumps go to <workdir>/dumps)
 
   def updates_done(self, state) -> int:
     """Optimizer updates taken before `state`'s next step."""

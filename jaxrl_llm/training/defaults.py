@@ -181,6 +181,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.log.progress = True  # show a progress bar
   c.log.every = 1  # write metrics.jsonl every this many RL steps
   c.log.kl_to_ref = True  # log KL(pi || pi_ref) even when objective.kl_coef = 0 (one extra forward per step)
+  c.log.dump_steps = ()  # RL steps (1-based) whose batch and per-token factors go to <workdir>/dumps (python -m jaxrl_llm.inspect)
 
   # ---- checkpoints and resume: jaxrl_llm/checkpointing/config.py documents each key ----
   # A run whose workdir holds checkpoints resumes from the newest intact one.

@@ -43,7 +43,7 @@ from jaxrl_llm.training.optim import adamw, warmup_schedule
 from jaxrl_llm.training.sft import run_sft
 from jaxrl_llm.training.state import TrainState
 from jaxrl_llm.training.step import rl_step
-from jaxrl_llm.training.update import UpdateSpec, update_step
+from jaxrl_llm.training.update import UpdateSpec, update_step, update_step_with_factors
 
 # hook(trainer, state, metrics) after every RL step (checkpoints, reports, ...).
 StepHook = Callable[["Trainer", TrainState, dict], None]
@@ -190,10 +190,13 @@ class Trainer:
         cfg=cfg, model_cfg=self.model_cfg, mesh=self.mesh, batch_sharding=self.batch_sharding,
         replicated=sharding_lib.replicated(self.mesh), tokenizer=self.tokenizer, runner=self.runner,
         pipeline=self.pipeline, sampling_cfg=self.sampling_cfg, engine=engine,
-        update_fn=self._compile_update(state), lr_schedule=self.lr_schedule, extensions=self.extensions)
+        update_fn=self._compile_update(state), lr_schedule=self.lr_schedule, extensions=self.extensions,
+        factors_update_fn=self._compile_update(state, with_factors=True) if cfg.log.dump_steps else None,
+        workdir=self.workdir)
     return state
 
-  def _compile_update(self, state: TrainState):
+  def _compile_update(self, state: TrainState, *, with_factors: bool = False):
+    """jit(update_step), or jit(update_step_with_factors) for the token-weight dump's steps."""
     cfg = self.cfg
     extra_terms = tuple(term for ext in self.extensions for term in ext.extra_terms())
     spec = UpdateSpec(model_cfg=self.model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
@@ -204,9 +207,12 @@ class Trainer:
     replicated = sharding_lib.replicated(self.mesh)
     # The four state trees are donated: the update replaces them, the old buffers are dead.
     # `aux` (step.update_aux) is replicated and not donated: the step's updates share it.
-    return jax.jit(functools.partial(update_step, spec=spec, tx=self.tx, vtx=self.vtx),
+    fn, outs = update_step, (replicated,)
+    if with_factors:  # the per-token factors keep the mini-batch's row axis, sharded like the batch
+      fn, outs = update_step_with_factors, (replicated, self.batch_sharding)
+    return jax.jit(functools.partial(fn, spec=spec, tx=self.tx, vtx=self.vtx),
                    in_shardings=shardings + (self.batch_sharding, replicated),
-                   out_shardings=shardings + (replicated,), donate_argnums=(0, 1, 2, 3))
+                   out_shardings=shardings + outs, donate_argnums=(0, 1, 2, 3))
 
   # ---- stages of the run -----------------------------------------------------------
   def warm_start(self, state: TrainState) -> tuple[TrainState, dict]:

@@ -19,9 +19,10 @@ from jaxrl_llm.checks import ConfigError
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
 # Keys (or section prefixes) that do not change what the run computes: where it
-# logs, how often it saves or evaluates, how many processes score rewards.
-RESULT_NEUTRAL = ("name", "workdir_root", "log.progress", "log.every", "data.reward_workers", "eval.every",
-                  "checkpoint.")
+# logs, how often it saves or evaluates, how many processes score rewards, which
+# steps it dumps (a dumped step's update is the same, tests/training/test_dump_inspect.py).
+RESULT_NEUTRAL = ("name", "workdir_root", "log.progress", "log.every", "log.dump_steps", "data.reward_workers",
+                  "eval.every", "checkpoint.")
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

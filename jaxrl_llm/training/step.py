@@ -20,6 +20,7 @@ from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.mismatch import mismatch_metrics
 from jaxrl_llm.training import advantage as adv_lib
+from jaxrl_llm.training import dump as dump_lib
 from jaxrl_llm.training import filters as filt
 from jaxrl_llm.training.batch import TrainBatch
 from jaxrl_llm.training.context import StepContext, snapshot
@@ -161,8 +162,13 @@ def update_aux(ctx: StepContext, state: TrainState) -> dict:
   return jax.device_put(aux, ctx.replicated)
 
 
-def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
-  """K passes over the batch, `mini_batches` optimizer updates per pass."""
+def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
+                recorder: dump_lib.FactorRecorder | None = None) -> tuple[TrainState, dict]:
+  """K passes over the batch, `mini_batches` optimizer updates per pass.
+
+  With a `recorder` (a step of `log.dump_steps`) the updates run through
+  `ctx.factors_update_fn` and hand the loss's per-token factors to it.
+  """
   cfg = ctx.cfg
   B = batch.tokens_BR.shape[0]
   mini = cfg.mini_batch_size
@@ -170,12 +176,17 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch) -> tuple
   params, opt_state, vparams, vopt = state.params, state.opt_state, state.value_params, state.value_opt_state
   aux = update_aux(ctx, state)  # before the first update donates the params it may be read from
   per_update, t0 = [], time.time()
-  for _ in range(cfg.train.epochs):
+  for epoch in range(cfg.train.epochs):
     order = _row_order(rng, B, cfg.rollout.group_size, mini) if cfg.train.mini_batches > 1 else np.arange(B)
     for j in range(cfg.train.mini_batches):
       rows = order[j * mini:(j + 1) * mini]
       mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), ctx.batch_sharding)
-      params, opt_state, vparams, vopt, m = ctx.update_fn(params, opt_state, vparams, vopt, mb, aux)
+      if recorder is None:
+        params, opt_state, vparams, vopt, m = ctx.update_fn(params, opt_state, vparams, vopt, mb, aux)
+      else:
+        params, opt_state, vparams, vopt, m, factors = ctx.factors_update_fn(params, opt_state, vparams, vopt,
+                                                                             mb, aux)
+        recorder.add(epoch, rows, factors)
       per_update.append(m)
       faults.point("update")
   per_update = jax.device_get(per_update)
@@ -197,7 +208,11 @@ def rl_step(ctx: StepContext, state: TrainState) -> tuple[TrainState, dict]:
   # step s samples with theta_{s-k} (k = staleness); the update donates
   # state.params, hence the copy before it.
   theta_s = snapshot(state.params) if state.lag_params else None
-  state, u_stats = run_updates(ctx, state, batch)
+  step_no = int(state.step) + 1  # as metrics.jsonl and log.dump_steps count
+  recorder = None
+  if ctx.factors_update_fn is not None and dump_lib.wanted(ctx.cfg, step_no):
+    recorder = dump_lib.FactorRecorder(batch.tokens_BR.shape[0], ctx.cfg.train.epochs)
+  state, u_stats = run_updates(ctx, state, batch, recorder)
   if theta_s is not None:
     state = state.push_lag(theta_s)
   state = state.replace(step=state.step + 1, key=key, data_state=ctx.pipeline.get_state())
@@ -206,4 +221,9 @@ def rl_step(ctx: StepContext, state: TrainState) -> tuple[TrainState, dict]:
   metrics["lr"] = lr
   metrics["time/step_s"] = time.time() - t0
   metrics["perf/tokens_per_s"] = metrics["perf/sampled_tokens"] / max(metrics["time/step_s"], 1e-9)
+  if recorder is not None:  # the token-weight dump of this step (training/dump.py)
+    t1 = time.time()
+    dump_lib.write_step(ctx, step_no, samples, scores, keep_B, batch, recorder, metrics,
+                        prox_recomputed=recomputes_prox(ctx.cfg))
+    metrics["time/dump_s"] = time.time() - t1
   return state, metrics

@@ -104,7 +104,7 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
     num = num + ws.numerator
     metrics[f"loss/{name}"] = ws
   total = obj_lib.WeightedSum(num, pl.loss.denominator)
-  return num, (total, metrics, extrema, pl.counts)
+  return num, (total, metrics, extrema, pl.counts, pl.tokens.arrays())
 
 
 def _split_micro(batch: TrainBatch, n_micro: int) -> TrainBatch:
@@ -115,13 +115,8 @@ def _combine_extrema(a: dict, b: dict) -> dict:
   return {k: (jnp.minimum if k.endswith("_min") else jnp.maximum)(a[k], b[k]) for k in a}
 
 
-def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *, spec: UpdateSpec,
-                tx, vtx):
-  """-> (params, opt_state, vparams, vopt_state, metrics) for one mini-batch.
-
-  aux: name -> array, inputs without a batch axis, the same for every
-  micro-batch (`LossContext.aux`); AUX_BEHAV_HEAD for TRM.
-  """
+def _update(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx):
+  """The update and the loss's per-token factors ({name: [mini, R]}, rows in batch order)."""
   norms = obj_lib.batch_norms(batch.mask_BR, spec.group_size if spec.objective.aggregation ==
                               "group_token_mean" else 1, spec.objective)
   grad_fn = jax.grad(_micro_loss, argnums=(0, 1), has_aux=True)
@@ -131,20 +126,22 @@ def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: 
     g_acc, out_acc = carry
     (g, vg), out = grad_fn(params, vparams, mb, aux, norms, spec)
     g_acc = jax.tree.map(jnp.add, g_acc, (g, vg))
-    total, metrics, extrema, counts = out
+    total, metrics, extrema, counts, tokens = out
     a_total, a_metrics, a_extrema, a_counts = out_acc
     out_acc = (a_total + total, jax.tree.map(jnp.add, a_metrics, metrics), _combine_extrema(a_extrema, extrema),
                jax.tree.map(jnp.add, a_counts, counts))
-    return (g_acc, out_acc), None
+    return (g_acc, out_acc), tokens
 
   zeros = jax.tree.map(jnp.zeros_like, (params, vparams))
   # First micro-batch outside the scan gives the metrics' structure to accumulate into.
   first = jax.tree.map(lambda x: x[0], micro)
   (g0, vg0), out0 = grad_fn(params, vparams, first, aux, norms, spec)
-  carry = (jax.tree.map(jnp.add, zeros, (g0, vg0)), out0)
+  tokens = out0[-1]
+  carry = (jax.tree.map(jnp.add, zeros, (g0, vg0)), out0[:-1])
   if spec.n_micro > 1:
     rest = jax.tree.map(lambda x: x[1:], micro)
-    carry, _ = jax.lax.scan(body, carry, rest)
+    carry, rest_tokens = jax.lax.scan(body, carry, rest)
+    tokens = jax.tree.map(lambda a, b: jnp.concatenate([a, b.reshape((-1,) + b.shape[2:])]), tokens, rest_tokens)
   (grads, vgrads), (total, metrics, extrema, counts) = carry
 
   loss = total.value()
@@ -161,4 +158,25 @@ def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: 
   out["update/skipped_nonfinite"] = skipped
   if spec.use_value:
     out["grad/value_norm"] = vgrad_norm
-  return params, opt_state, vparams, vopt_state, out
+  return params, opt_state, vparams, vopt_state, out, tokens
+
+
+def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *, spec: UpdateSpec,
+                tx, vtx):
+  """-> (params, opt_state, vparams, vopt_state, metrics) for one mini-batch.
+
+  aux: name -> array, inputs without a batch axis, the same for every
+  micro-batch (`LossContext.aux`); AUX_BEHAV_HEAD for TRM.
+  """
+  *state, metrics, _ = _update(params, opt_state, vparams, vopt_state, batch, aux, spec=spec, tx=tx, vtx=vtx)
+  return (*state, metrics)
+
+
+def update_step_with_factors(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *,
+                             spec: UpdateSpec, tx, vtx):
+  """`update_step` that also returns the policy loss's per-token factors:
+  -> (params, opt_state, vparams, vopt_state, metrics, factors), factors =
+  `TokenFactors.arrays()` of every micro-batch, {name: [mini-batch rows, R]}
+  in the mini-batch's row order. The same update: the token-weight dump's
+  steps run it instead of `update_step` (training/dump.py)."""
+  return _update(params, opt_state, vparams, vopt_state, batch, aux, spec=spec, tx=tx, vtx=vtx)
