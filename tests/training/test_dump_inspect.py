@@ -273,3 +273,25 @@ def test_the_page_in_headless_chromium(dumps, tmp_path):
   assert img.shape[0] > 500 and img.std() > 0.05  # not blank
   assert len(np.unique((img * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 50  # text and colours drawn
   shutil.copy(shot, tmp_path / "kept.png")
+
+
+def test_every_preset_renders_with_its_own_reasons(dumps):
+  # The page depends on the method only through its knobs: every preset's page renders, and each flag
+  # the loss can raise gets a reason naming that method's bounds.
+  import dataclasses
+
+  from jaxrl_llm.objectives import PRESETS, get_preset
+
+  a, info = dumps["grpo"]["arrays"], dumps["grpo"]["info"]
+  for name in sorted(PRESETS):
+    obj = dataclasses.asdict(get_preset(name))
+    reasons = inspect_lib.flag_reasons(obj)
+    assert set(reasons) == set(info["flags"]) and all(reasons.values()), name
+    page = inspect_lib.render(a, {**info, "method": name, "config": {**info["config"], "objective": obj}})
+    assert _embedded(page)["meta"]["objective"]["name"] == name
+  assert "A > 0 and s_i (the answer's geometric mean of r) > 1.0004" in \
+      inspect_lib.flag_reasons(dataclasses.asdict(get_preset("gspo")))["trust/clip_high"]
+  assert inspect_lib.flag_reasons(dataclasses.asdict(get_preset("cispo")))["trust/clip_high"] == \
+      "trust region: r > 1.28, weight capped at 1.28 (truncated)"
+  assert "c_i (product over the answer) > 2" in \
+      inspect_lib.flag_reasons(dataclasses.asdict(get_preset("seq_mis")))["correction/masked"]
