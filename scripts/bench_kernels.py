@@ -13,6 +13,16 @@ JSON: {op: {"fwd_bwd": {"naive": {"temp_bytes", "seconds"}, "fused": {...}},
 "fwd": {...}}}. "fused" is the chunked-XLA path (what impl="auto" picks on
 CPU); on a GPU backend a "pallas" entry (compiled Pallas kernels) is added.
 Shapes, backend and load average are printed, not stored.
+
+    python scripts/bench_kernels.py --out sharded.json --sharded [--quick]
+
+The vocabulary-sharded path (kernels/sharded.py) on a (data 2, tensor 4) mesh
+(8 fake CPU devices unless the machine has 8): per op, forward+backward, the
+per-device temporaries and the number of all-gathers of the whole [D, V] head
+in the compiled program, for the sharded ops ("sharded") against the plain
+chunked op fed the same split head ("replicated": XLA gathers it). No
+timings: 8 fake devices share this machine's cores. The interpret-mode
+Pallas kernels are never timed.
 """
 
 from __future__ import annotations
@@ -20,14 +30,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
+import sys
 import time
+
+if "--sharded" in sys.argv and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.kernels import (VocabTiles, token_logprobs, vocab_cross,
-                               vocab_cross_topk, vocab_topk)
+from jaxrl_llm.kernels import (VocabOps, VocabSharding, VocabTiles, token_logprobs,
+                               vocab_cross, vocab_cross_topk, vocab_topk)
 
 OPS = ("token_logprobs", "vocab_topk", "vocab_cross", "vocab_cross_topk")
 TOP_K = 32
@@ -93,6 +108,46 @@ def _bench(op: str, mode: str, x, impls: dict, reps: int):
           for name, fn in compiled.items()}
 
 
+def _sharded_op_fn(op: str, ops: VocabOps):
+  if op == "token_logprobs":
+    return lambda h, w, x: ops.token_logprobs(h, w, x["targets_N"])
+  if op == "vocab_topk":
+    return lambda h, w, x: ops.vocab_topk(h, w, k=TOP_K).logp
+  if op == "vocab_cross":
+    return lambda h, w, x: ops.vocab_cross(h, w, x["hidden_q_ND"], x["w_q_DV"])
+  return lambda h, w, x: ops.vocab_cross_topk(h, w, x["ids_NK"], x["q_logp_NK"], tail="rescale")
+
+
+def bench_sharded(ops_names, n, d, v, tiles, out_path):
+  """Per-device temporaries and whole-head gathers: sharded ops vs the plain op on a split head."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jaxrl_llm.model.sharding import MeshConfig, make_mesh
+
+  mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=4), jax.devices()[:8])
+  sharding = VocabSharding(mesh)
+  x = _inputs(n, d, v)
+  place = {"w_DV": sharding.head, "w_q_DV": sharding.head}
+  x = {k: jax.device_put(a, NamedSharding(mesh, place.get(k, sharding.rows))) for k, a in x.items()}
+  variants = {"sharded": VocabOps(impl="xla_chunked", tiles=tiles, sharding=sharding),
+              "replicated": VocabOps(impl="xla_chunked", tiles=tiles)}
+  results = {}
+  for op in ops_names:
+    results[op] = {}
+    for name, ops in variants.items():
+      f = jax.grad(_scalar(_sharded_op_fn(op, ops)), argnums=(0, 1))
+      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        compiled = jax.jit(f).lower(x["hidden_ND"], x["w_DV"], x).compile()
+      hlo = compiled.as_text()
+      gathers = [g for g in re.findall(r"= \w+\[(\d+),(\d+)\]\S* all-gather(?:-start)?\(", hlo)
+                 if sorted(map(int, g)) == sorted((d, v))]
+      results[op][name] = {"temp_bytes_per_device": int(compiled.memory_analysis().temp_size_in_bytes),
+                           "head_all_gathers": len(gathers)}
+    print(op, "fwd_bwd", json.dumps(results[op]), flush=True)
+    with open(out_path, "w") as fh:
+      json.dump({"mesh": "data 2 x tensor 4", "N": n, "D": d, "V": v, "results": results}, fh, indent=2)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="output JSON file")
@@ -104,6 +159,8 @@ def main():
                       help="timed runs per implementation (default 3, quick 2)")
   parser.add_argument("--chunk-v", type=int, default=VocabTiles().chunk_v,
                       help="vocabulary chunk of the chunked-XLA path")
+  parser.add_argument("--sharded", action="store_true",
+                      help="the vocabulary-sharded path on a (data 2, tensor 4) mesh: memory, no timings")
   args = parser.parse_args()
   ops = [o for o in args.ops.split(",") if o]
   for op in ops:
@@ -114,6 +171,10 @@ def main():
   if reps < 1:
     parser.error(f"--reps={reps}: must be >= 1")
   tiles = VocabTiles(chunk_v=args.chunk_v)
+  if args.sharded:
+    print(f"sharded: N={n} D={d} V={v} f32 chunk_v={tiles.chunk_v} loadavg={os.getloadavg()}", flush=True)
+    bench_sharded(ops, n, d, v, tiles, args.out)
+    return
   impls = {"naive": dict(impl="naive"),
            "fused": dict(impl="xla_chunked", tiles=tiles)}
   backend = jax.default_backend()

@@ -38,22 +38,40 @@ def _naive(hidden_ND, w_DV, targets_N, temperature):
   return logp_N, entropy_N
 
 
-def kernel_options(impl: str) -> dict:
-  """`impl` / `interpret` keywords of the `jaxrl_llm.kernels` ops for `kernels.impl`.
+def vocab_sharding():
+  """How the mesh in context (`jax.sharding.use_abstract_mesh` or `jax.set_mesh`;
+  the trainer sets it around its steps) splits the output head: its columns over the mesh axis of the logical
+  "vocab" axis, the rows (tokens) over the batch axes. None without a mesh, or
+  when that axis has size 1 (the head is then whole on every device anyway)."""
+  from jaxrl_llm.kernels import VocabSharding
+  from jaxrl_llm.model.sharding import BATCH_AXES, LOGICAL_RULES
 
-  The Pallas kernels compile for GPU only; elsewhere `impl="pallas"` runs them
-  in interpret mode (slow: for tests of the kernels inside the trainer).
+  mesh = jax.sharding.get_abstract_mesh()
+  axis = LOGICAL_RULES["vocab"]
+  if mesh.empty or axis not in mesh.axis_names or mesh.shape[axis] == 1:
+    return None
+  return VocabSharding(mesh, vocab_axis=axis, row_axes=tuple(a for a in BATCH_AXES if a in mesh.axis_names))
+
+
+def vocab_ops(impl: str):
+  """The `jaxrl_llm.kernels` ops for `kernels.impl` (a `kernels.VocabOps`), split
+  over the vocabulary when the mesh in context shards it (`vocab_sharding`).
+
+  The Pallas kernels compile for GPU (Triton) and TPU (Mosaic); elsewhere
+  `impl="pallas"` runs the Triton ones in interpret mode (slow: for tests of
+  the kernels inside the trainer).
   """
-  return {"impl": impl, "interpret": impl == "pallas" and jax.default_backend() != "gpu"}
+  from jaxrl_llm.kernels import VocabOps
+
+  return VocabOps(impl=impl, interpret=impl == "pallas" and jax.default_backend() not in ("gpu", "tpu"),
+                  sharding=vocab_sharding())
 
 
 def head_logprobs(hidden_ND, w_DV, targets_N, *, temperature: float, impl: str):
   """(logp_N, entropy_N) of `targets_N` under softmax(hidden @ w / temperature)."""
-  from jaxrl_llm import kernels
-
   if impl == "naive":
     return _naive(hidden_ND, w_DV, targets_N, temperature)
-  out = kernels.token_logprobs(hidden_ND, w_DV, targets_N, temperature=temperature, **kernel_options(impl))
+  out = vocab_ops(impl).token_logprobs(hidden_ND, w_DV, targets_N, temperature=temperature)
   return out.logp, out.entropy
 
 

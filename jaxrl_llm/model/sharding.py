@@ -145,6 +145,22 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def head_sharding(mesh: Mesh) -> NamedSharding:
+  """An output head w_DV outside the params (a sampler's, a teacher's): its V
+  columns split like the policy's head, its D rows whole."""
+  return NamedSharding(mesh, P(None, LOGICAL_RULES["vocab"]))
+
+
+def fits(sharding: NamedSharding, shape: tuple[int, ...]) -> bool:
+  """Whether every dim of `shape` divides by the mesh axes `sharding` splits it over."""
+  sizes = dict(sharding.mesh.shape)
+  for dim, axes in zip(shape, sharding.spec):
+    axes = (axes,) if isinstance(axes, str) else (axes or ())
+    if dim % math.prod(sizes[a] for a in axes):
+      return False
+  return True
+
+
 def batch_shards(mesh: Mesh) -> int:
   """How many ways the batch is split (data x fsdp)."""
   return math.prod(mesh.shape[a] for a in BATCH_AXES)

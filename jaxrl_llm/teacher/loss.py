@@ -38,7 +38,7 @@ from jaxrl_llm import model as model_lib
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.objectives import distill
 from jaxrl_llm.objectives.distill_topk import topk_support, topk_support_gathered
-from jaxrl_llm.model.logprobs import full_logprobs, kernel_options
+from jaxrl_llm.model.logprobs import full_logprobs, vocab_ops
 
 # extra_BR keys of the loss forms.
 WEIGHT = "teacher_weight_BR"  # f32 [B, R] coef * z * tau (* sign gate); 0 turns the teacher off
@@ -108,12 +108,10 @@ class DistillTerm:
       logq_BRV = full_logprobs(teacher_hidden_BRE.astype(jnp.float32), teacher_head_EV,
                                temperature=self.temperature)
       return distill.token_divergence(logp_BRV, logq_BRV, kind=self.divergence, beta=self.beta)
-    from jaxrl_llm import kernels
-
     E = teacher_hidden_BRE.shape[-1]
-    out = kernels.vocab_cross(hidden_BRD.reshape(B * R, D), w_DV, teacher_hidden_BRE.reshape(B * R, E),
-                              teacher_head_EV, temperature=self.temperature, temperature_q=self.temperature,
-                              mask_N=on_BR.reshape(B * R), **kernel_options(self.impl))
+    out = vocab_ops(self.impl).vocab_cross(
+        hidden_BRD.reshape(B * R, D), w_DV, teacher_hidden_BRE.reshape(B * R, E), teacher_head_EV,
+        temperature=self.temperature, temperature_q=self.temperature, mask_N=on_BR.reshape(B * R))
     return getattr(out, kind).reshape(B, R)
 
   def topk_divergence(self, hidden_BRD, w_DV, ids_BRK, teacher_logp_BRK, on_BR):
@@ -125,11 +123,9 @@ class DistillTerm:
       logp_BRV = full_logprobs(hidden_BRD, w_DV, temperature=self.temperature)
       s_BRJ, t_BRJ = topk_support(logp_BRV, ids_BRK, teacher_logp_BRK, tail=self.topk_tail)
     else:
-      from jaxrl_llm import kernels
-
-      lp = kernels.gather_logprobs(hidden_BRD.reshape(B * R, D), w_DV, ids_BRK.reshape(B * R, K),
-                                   temperature=self.temperature, mask_N=on_BR.reshape(B * R),
-                                   **kernel_options(self.impl)).logp.reshape(B, R, K)
+      lp = vocab_ops(self.impl).gather_logprobs(
+          hidden_BRD.reshape(B * R, D), w_DV, ids_BRK.reshape(B * R, K), temperature=self.temperature,
+          mask_N=on_BR.reshape(B * R)).logp.reshape(B, R, K)
       # Off tokens: the teacher's own values (p = q there), so the projection stays finite.
       lp = jnp.where(on_BR[..., None], lp, teacher_logp_BRK)
       s_BRJ, t_BRJ = topk_support_gathered(lp, teacher_logp_BRK, vocab=V, tail=self.topk_tail)

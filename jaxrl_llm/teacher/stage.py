@@ -29,7 +29,7 @@ from jaxrl_llm.objectives.teacher_schedule import TeacherSchedule, teacher_param
 from jaxrl_llm.tasks.base import Example
 from jaxrl_llm.teacher import loss as teacher_loss
 from jaxrl_llm.tasks.pipeline import encode_prompts, prompt_text
-from jaxrl_llm.model.logprobs import kernel_options, response_hidden
+from jaxrl_llm.model.logprobs import response_hidden, vocab_ops
 from jaxrl_llm.teacher.config import TeacherConfig
 
 
@@ -44,8 +44,6 @@ def hint_examples(examples, template: str) -> list[Example]:
 def _score_chunk(teacher_params, student_params, ctx_BC, ctx_mask_BC, prompt_BP, prompt_mask_BP, tokens_BR,
                  mask_BR, *, teacher_cfg, student_cfg, temperature, impl, topk, keep_hidden):
   """{name: [B, R(, ...)]}: the teacher's and the student's per-token terms, streamed over V."""
-  from jaxrl_llm import kernels
-
   inp = build_teacher_inputs(ctx_BC, ctx_mask_BC, tokens_BR, mask_BR)
   hidden_BSE, _ = model_lib.forward(teacher_params, teacher_cfg, inp.tokens_BS, inp.positions_BS, inp.mask_BS)
   t_hidden_BRE = gather_predictions(hidden_BSE, inp.predict_index_BR)
@@ -55,16 +53,16 @@ def _score_chunk(teacher_params, student_params, ctx_BC, ctx_mask_BC, prompt_BP,
   t_NE, s_ND = t_hidden_BRE.reshape(B * R, E), s_hidden_BRD.reshape(B * R, D)
   w_q_EV, w_DV = model_lib.lm_head(teacher_params, teacher_cfg), model_lib.lm_head(student_params, student_cfg)
   y_N, mask_N = tokens_BR.reshape(B * R).astype(jnp.int32), mask_BR.reshape(B * R)
-  kw = dict(temperature=temperature, mask_N=mask_N, **kernel_options(impl))
-  q = kernels.token_logprobs(t_NE, w_q_EV, y_N, **kw)
-  p = kernels.token_logprobs(s_ND, w_DV, y_N, **kw)
-  cross = kernels.vocab_cross(s_ND, w_DV, t_NE, w_q_EV, temperature_q=temperature, **kw)
+  ops, kw = vocab_ops(impl), dict(temperature=temperature, mask_N=mask_N)
+  q = ops.token_logprobs(t_NE, w_q_EV, y_N, **kw)
+  p = ops.token_logprobs(s_ND, w_DV, y_N, **kw)
+  cross = ops.vocab_cross(s_ND, w_DV, t_NE, w_q_EV, temperature_q=temperature, **kw)
   out = {"teacher_logp": q.logp, "student_logp": p.logp, "teacher_entropy": q.entropy, "kl": cross.kl_pq}
   out = {k: v.reshape(B, R) for k, v in out.items()}
   if keep_hidden:
     out[teacher_loss.HIDDEN] = t_hidden_BRE.astype(jnp.float32)
   if topk:
-    top = kernels.vocab_topk(t_NE, w_q_EV, k=topk, **kw)
+    top = ops.vocab_topk(t_NE, w_q_EV, k=topk, **kw)
     out[teacher_loss.TOPK_IDS] = top.ids.reshape(B, R, topk)
     out[teacher_loss.TOPK_LOGP] = top.logp.reshape(B, R, topk)
   return out

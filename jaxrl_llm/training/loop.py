@@ -12,6 +12,7 @@ end of each step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -30,7 +31,7 @@ from jaxrl_llm.model.tokenizer import check_hf_dir, make_tokenizer
 from jaxrl_llm.report import write_report_safely
 from jaxrl_llm.sampling.engine import make_engine
 from jaxrl_llm.tasks import registry
-from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts
+from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts, resolve_prompt_len
 from jaxrl_llm.training import provenance, setup
 from jaxrl_llm.training.batch import init_value_head
 from jaxrl_llm.training.config import RunConfig
@@ -104,6 +105,11 @@ class Trainer:
     self.runner = setup.make_reward_runner(cfg, self.task)
     self.train_examples = self.task.examples("train", cfg.task.n_train)
     self.eval_examples = self.task.examples("eval", cfg.eval.n_examples)
+    if not cfg.data.max_prompt_len:  # 0: fit the longest prompt (tasks/pipeline.py)
+      prompt_len = resolve_prompt_len(0, self.tokenizer, self.train_examples + self.eval_examples,
+                                      cfg.data.chat_template)
+      cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_len=prompt_len))
+    cfg = self.cfg = cfg.with_micro_batch(cfg.data.max_prompt_len, shards)  # 0: from train.micro_batch_tokens
     self.pipeline = PromptPipeline(self.train_examples, self.tokenizer, batch_size=cfg.rollout.prompts_per_step,
                                    max_prompt_len=cfg.data.max_prompt_len, seed=cfg.seed,
                                    chat_template=cfg.data.chat_template)
@@ -206,30 +212,38 @@ class Trainer:
     shardings = (sh(state.params), sh(state.opt_state), sh(state.value_params), sh(state.value_opt_state))
     replicated = sharding_lib.replicated(self.mesh)
     # The four state trees are donated: the update replaces them, the old buffers are dead.
-    # `aux` (step.update_aux) is replicated and not donated: the step's updates share it.
+    # `aux` (step.update_aux) is not donated (the step's updates share it) and keeps the
+    # placement update_aux gave it (None: the arguments' own shardings).
     fn, outs = update_step, (replicated,)
     if with_factors:  # the per-token factors keep the mini-batch's row axis, sharded like the batch
       fn, outs = update_step_with_factors, (replicated, self.batch_sharding)
     return jax.jit(functools.partial(fn, spec=spec, tx=self.tx, vtx=self.vtx),
-                   in_shardings=shardings + (self.batch_sharding, replicated),
+                   in_shardings=shardings + (self.batch_sharding, None),
                    out_shardings=shardings + outs, donate_argnums=(0, 1, 2, 3))
 
   # ---- stages of the run -----------------------------------------------------------
   def warm_start(self, state: TrainState) -> tuple[TrainState, dict]:
     c = self.cfg
-    params, info = run_sft(state.params, self.model_cfg, self.train_examples, self.tokenizer, steps=c.sft.steps,
-                           batch_size=c.sft.batch_size, lr=c.sft.lr, warmup_steps=c.sft.warmup_steps,
-                           max_prompt_len=c.data.max_prompt_len, max_response_len=c.rollout.max_response_len,
-                           seed=c.seed, impl=c.kernels.impl, mesh=self.mesh, chat_template=c.data.chat_template,
-                           log=self.log)
+    with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # as in `step`: the vocabulary ops see the mesh
+      params, info = run_sft(state.params, self.model_cfg, self.train_examples, self.tokenizer, steps=c.sft.steps,
+                             batch_size=c.sft.batch_size, lr=c.sft.lr, warmup_steps=c.sft.warmup_steps,
+                             max_prompt_len=c.data.max_prompt_len, max_response_len=c.rollout.max_response_len,
+                             seed=c.seed, impl=c.kernels.impl, mesh=self.mesh, chat_template=c.data.chat_template,
+                             log=self.log)
     return state.replace(params=params), info
 
   def evaluate(self, state: TrainState) -> dict:
     return self.evaluator.greedy_accuracy(state.params, self.eval_examples)
 
   def step(self, state: TrainState) -> tuple[TrainState, dict]:
-    """One RL step (training/step.py) on the context `start_rl` built."""
-    return rl_step(self.context, state)
+    """One RL step (training/step.py) on the context `start_rl` built.
+
+    The mesh's shape is in context for the step (`use_abstract_mesh`: what
+    functions traced in it see, without tying eager arrays to the mesh), so
+    the vocabulary ops, when it splits the vocabulary, run per shard of the
+    output head (`model.logprobs.vocab_ops`) instead of gathering it whole."""
+    with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+      return rl_step(self.context, state)
 
   def preflight(self) -> None:
     """What the config and the data can tell before a workdir or a model exists."""

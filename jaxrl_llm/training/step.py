@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxrl_llm import faults
 from jaxrl_llm import objectives as obj_lib
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.mismatch import mismatch_metrics
 from jaxrl_llm.training import advantage as adv_lib
@@ -148,7 +149,9 @@ def _row_order(rng: np.random.Generator, B: int, G: int, mini: int) -> np.ndarra
 
 def update_aux(ctx: StepContext, state: TrainState) -> dict:
   """The update's `aux` ({name: array}, no batch axis): the sampler's head for
-  TRM's token KL, then each extension's `aux(state)`, replicated over the mesh.
+  TRM's token KL, then each extension's `aux(state)`. Output heads (keys
+  ending in `_DV`, [D, V]) are split over the vocabulary like the policy's
+  own head (`sharding.head_sharding`); the rest is replicated over the mesh.
   The arrays must not alias the params (the update donates them)."""
   parts = ([behaviour_head(ctx.model_cfg, ctx.sampling_cfg, state, ctx.cfg.rollout.mismatch)]
            if ctx.cfg.objective.needs_token_kl else [])
@@ -159,7 +162,9 @@ def update_aux(ctx: StepContext, state: TrainState) -> dict:
     if clash:
       raise ValueError(f"update aux: key(s) {clash} returned twice; aux keys must be unique")
     aux.update(part)
-  return jax.device_put(aux, ctx.replicated)
+  head = sharding_lib.head_sharding(ctx.mesh)
+  return {k: jax.device_put(v, head if k.endswith("_DV") and sharding_lib.fits(head, v.shape) else ctx.replicated)
+          for k, v in aux.items()}
 
 
 def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,

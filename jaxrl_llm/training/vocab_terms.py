@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_llm import objectives as obj_lib
-from jaxrl_llm.model.logprobs import full_logprobs, head_logprobs, kernel_options
+from jaxrl_llm.model.logprobs import full_logprobs, head_logprobs, vocab_ops
 
 _sg = jax.lax.stop_gradient
 
@@ -77,23 +77,20 @@ def vocab_terms(hidden_BRD, w_DV, tokens_BR, mask_BR, obj: obj_lib.ObjectiveConf
   if impl == "naive":
     return _naive(hidden_BRD, w_DV, tokens_BR, mask_BR, obj, temperature, topk_ids_BRK, topk_logp_BRK,
                   behav_hidden_BRD, behav_head_DV)
-  from jaxrl_llm import kernels
-
-  opts = kernel_options(impl)
+  ops = vocab_ops(impl)
   centering_BR, kl_BR = None, None
   if obj.needs_centering:
     K = topk_ids_BRK.shape[-1]
     ids_NJ = jnp.concatenate([y_N[:, None], topk_ids_BRK.reshape(B * R, K)], axis=1)  # J = 1 + K: [y | top-k]
-    out = kernels.gather_logprobs(h_ND, w_DV, ids_NJ, temperature=temperature, **opts)
+    out = ops.gather_logprobs(h_ND, w_DV, ids_NJ, temperature=temperature)
     logp_N, entropy_N = out.logp[:, 0], out.entropy
     centering_BR = obj_lib.centering_topk(out.logp[:, 1:].reshape(B, R, K), topk_logp_BRK, obj)
   else:
     logp_N, entropy_N = head_logprobs(h_ND, w_DV, y_N, temperature=temperature, impl=impl)
   if obj.needs_token_kl:
     E = behav_hidden_BRD.shape[-1]
-    cross = kernels.vocab_cross(_sg(h_ND), _sg(w_DV), behav_hidden_BRD.reshape(B * R, E), behav_head_DV,
-                                temperature=temperature, temperature_q=temperature,
-                                mask_N=mask_BR.reshape(B * R), **opts)
+    cross = ops.vocab_cross(_sg(h_ND), _sg(w_DV), behav_hidden_BRD.reshape(B * R, E), behav_head_DV,
+                            temperature=temperature, temperature_q=temperature, mask_N=mask_BR.reshape(B * R))
     kl_BR = cross.kl_qp.reshape(B, R)
   return VocabTerms(logp_BR=logp_N.reshape(B, R), entropy_BR=entropy_N.reshape(B, R),
                     centering_BR=centering_BR, kl_BR=kl_BR)

@@ -1,0 +1,72 @@
+"""A tensor-parallel mesh splits the output head over the vocabulary in the update too.
+
+On the 8-device fake mesh, one RL step on (data 2, tensor 4) must equal the
+same step on (data 8) -- the vocabulary ops then run per shard of the head
+(kernels/sharded.py) and combine exactly -- and the compiled update must hold
+no whole [D, V] head: no all-gather of it appears in its HLO, while the same
+update with the plain ops (which XLA feeds by gathering the split head) has
+one, so the check can fail.
+"""
+
+import dataclasses
+import re
+
+import jax
+import numpy as np
+import pytest
+from run_helpers import load_config, make_trainer, shrink
+
+import jaxrl_llm.model.logprobs as logprobs_lib
+from jaxrl_llm.training.config import from_config_dict
+
+
+def _one_step(name, tmp_path, tensor: int, vocab_multiple: int = 4):
+  c = shrink(load_config(name), **{"mesh.tensor": tensor, "mesh.data": 8 // tensor, "train.steps": 1,
+                                   "model.vocab_multiple": vocab_multiple})
+  c.model.n_heads, c.model.n_kv_heads = 4, 4
+  tr = make_trainer(from_config_dict(c), tmp_path / f"t{tensor}", lambda s: None)
+  state = tr.start_rl(tr.init_state(jax.random.key(0)))
+  calls = []
+  update = tr.context.update_fn
+
+  def recording(*args):
+    calls.append(args)
+    return update(*args)
+
+  tr.context = dataclasses.replace(tr.context, update_fn=recording)
+  state, metrics = tr.step(state)
+  return tr, state, metrics, update, calls[0]
+
+
+@pytest.mark.parametrize("name", ["score_centering", "trm"])
+def test_tensor_parallel_step_equals_data_parallel(name, tmp_path):
+  _, dp_state, dp_metrics, _, _ = _one_step(name, tmp_path, tensor=1)
+  tr, tp_state, tp_metrics, _, _ = _one_step(name, tmp_path, tensor=4)
+  assert tr.model_cfg.vocab_size == 100  # the 99 characters, padded to a multiple of 4
+  assert tp_state.params["embed_VD"].sharding.spec[0] == "tensor"
+  for key in ("loss/total", "grad/norm", "entropy/mean"):
+    np.testing.assert_allclose(float(tp_metrics[key]), float(dp_metrics[key]), rtol=2e-5, err_msg=key)
+  if name == "trm":
+    np.testing.assert_allclose(float(tp_metrics["kl/behav_theta"]), float(dp_metrics["kl/behav_theta"]),
+                               rtol=1e-4, atol=1e-7)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(tp_state.params),
+                          jax.tree.leaves(dp_state.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def _head_gathers(tr, update, args) -> list[str]:
+  with jax.sharding.use_abstract_mesh(tr.mesh.abstract_mesh):
+    hlo = update.lower(*args).compile().as_text()
+  V, D = tr.model_cfg.vocab_size, tr.model_cfg.d_model
+  shapes = re.findall(r"= \w+\[(\d+),(\d+)\]\S* all-gather(?:-start)?\(", hlo)
+  return [s for s in shapes if sorted(map(int, s)) == sorted((V, D))]
+
+
+def test_compiled_update_gathers_no_whole_head(tmp_path, monkeypatch):
+  # V = 16,384 > the chunked loop's 4,096 columns, so the plain ops slice the head and XLA gathers it.
+  tr, _, _, update, args = _one_step("trm", tmp_path, tensor=4, vocab_multiple=16384)
+  assert args[5]["behav_head_DV"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor")
+  assert _head_gathers(tr, update, args) == []
+  monkeypatch.setattr(logprobs_lib, "vocab_sharding", lambda: None)
+  tr, _, _, update, args = _one_step("trm", tmp_path / "plain", tensor=4, vocab_multiple=16384)
+  assert len(_head_gathers(tr, update, args)) >= 1
