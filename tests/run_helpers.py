@@ -37,7 +37,7 @@ def shrink(c, **overrides):
   c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.d_ff = 32, 1, 2, 1, 64
   c.sft.steps, c.train.steps = 0, 3
   c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_response_len = 8, 4, 5
-  c.data.max_prompt_len = 8
+  c.data.max_prompt_len = 0
   c.eval.n_examples = 8
   c.task.n_train = 256
   c.log.progress = False

@@ -379,9 +379,10 @@ class ModelSpec:
   param_dtype: str
   compute_dtype: str
   remat: str
+  vocab_multiple: int = 1
 
   def __post_init__(self):
-    for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
+    for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_multiple"):
       check_int(f"config.model.{f}", getattr(self, f), 1)
     if self.d_model % self.n_heads:
       raise bad("config.model.d_model", self.d_model, f"must be a multiple of model.n_heads={self.n_heads}")
@@ -389,13 +390,25 @@ class ModelSpec:
       raise bad("config.model.n_heads", self.n_heads, f"must be a multiple of model.n_kv_heads={self.n_kv_heads}")
     check_choice("config.model.param_dtype", self.param_dtype, DTYPES)
     check_choice("config.model.compute_dtype", self.compute_dtype, DTYPES)
-    check_choice("config.model.remat", self.remat, REMAT_POLICIES)
+    check_choice("config.model.remat", self.remat, REMAT_POLICIES + ("auto",))
+
+  @property
+  def remat_policy(self) -> str:
+    """`remat`, with "auto" resolved: "full" for a checkpoint (real models' activations
+    dominate memory), "none" for the tiny model (recompute would only cost time)."""
+    if self.remat != "auto":
+      return self.remat
+    return "full" if self.hf_path else "none"
 
   def build(self, vocab_size: int) -> ModelConfig:
-    """The ModelConfig of a fresh model of this shape (`ModelConfig.tiny`'s family)."""
+    """The ModelConfig of a fresh model of this shape (`ModelConfig.tiny`'s family),
+    its vocabulary the tokenizer's `vocab_size` rounded up to `vocab_multiple`
+    (as Megatron's make-vocab-size-divisible-by; the sampler never samples the
+    padded ids, `SamplingConfig.vocab_limit`)."""
+    vocab_size = -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
     return ModelConfig.tiny(vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
                             n_kv_heads=self.n_kv_heads, head_dim=self.d_model // self.n_heads, d_ff=self.d_ff,
-                            param_dtype=self.param_dtype, compute_dtype=self.compute_dtype, remat=self.remat)
+                            param_dtype=self.param_dtype, compute_dtype=self.compute_dtype, remat=self.remat_policy)
 
 
 MODEL_PRESETS = {

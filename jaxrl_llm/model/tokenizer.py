@@ -1,7 +1,8 @@
 """Tokenizers: the built-in character tokenizer and a Hugging Face tokenizer.
 
 Both follow one protocol, the surface the trainer relies on:
-`encode(str) -> list[int]`, `decode(ids) -> str`, `eos_id`, `pad_id`, `bos_id`,
+`encode(str) -> list[int]`, `decode(ids) -> str`, `eos_id`, `eos_ids` (every id
+that ends a response, `eos_id` first), `pad_id`, `bos_id`,
 `vocab_size`, `apply_chat_template(messages, add_generation_prompt=True) -> str`.
 `make_tokenizer(hf_path)` picks one: "" is the character tokenizer of the
 built-in tasks, a directory is that checkpoint's tokenizer.
@@ -189,6 +190,7 @@ class CharTokenizer:
 
   pad_id = 0
   eos_id = 1
+  eos_ids = (1,)
   bos_id = 2
 
   @property

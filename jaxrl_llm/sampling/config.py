@@ -62,6 +62,8 @@ class SamplingConfig:
     dtype: cast floating params and the model's compute dtype to this before
       sampling ("bfloat16" for a cheaper sampler than an f32 trainer); None
       samples with the params and model config exactly as given.
+    vocab_limit: ids >= vocab_limit are never sampled (rows of a vocabulary
+      padded past the tokenizer's, which it cannot decode); 0 disables.
     cache_len: KV cache slots S; None means P + max_new_tokens. A prompt of
       length P with P + max_new_tokens > cache_len is an error.
   """
@@ -79,6 +81,7 @@ class SamplingConfig:
   record_raw_logp: bool = False
   dtype: str | None = None
   cache_len: int | None = None
+  vocab_limit: int = 0
 
   def __post_init__(self):
     temperature = _check_float("temperature", self.temperature)
@@ -95,6 +98,7 @@ class SamplingConfig:
     _check_int("n_samples", self.n_samples, 1)
     _check_int("pad_id", self.pad_id, 0)
     _check_int("record_topk", self.record_topk, 0)
+    _check_int("vocab_limit", self.vocab_limit, 0)
     eos_ids = _check_ids("eos_ids", self.eos_ids)
     stop_ids = _check_ids("stop_ids", self.stop_ids)
     both = sorted(set(eos_ids) & set(stop_ids))
@@ -250,6 +254,6 @@ class RolloutConfig:
     return SamplingConfig(
         temperature=0.0 if greedy else self.temperature, top_k=0 if greedy else self.top_k,
         top_p=1.0 if greedy else self.top_p, max_new_tokens=self.max_response_len,
-        n_samples=1 if greedy else self.group_size, eos_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id,
-        record_topk=0 if greedy else self.record_topk,
+        n_samples=1 if greedy else self.group_size, eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id,
+        record_topk=0 if greedy else self.record_topk, vocab_limit=tokenizer.vocab_size,
         dtype=None if self.sampler_dtype == "float32" else self.sampler_dtype)

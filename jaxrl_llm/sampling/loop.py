@@ -96,6 +96,8 @@ def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> De
   t = state.step
   R = state.tokens_BR.shape[1]
   active_B = state.active_B
+  if 0 < cfg.vocab_limit < logits_BV.shape[-1]:  # padded rows: the tokenizer has no such ids
+    logits_BV = jnp.where(jnp.arange(logits_BV.shape[-1]) < cfg.vocab_limit, logits_BV, -jnp.inf)
   logp_BV = process_logits(logits_BV, temperature=cfg.temperature, top_k=cfg.top_k,
                            top_p=cfg.top_p, min_p=cfg.min_p)
   if cfg.greedy:

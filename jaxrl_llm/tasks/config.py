@@ -54,5 +54,5 @@ class DataConfig:
     check_float("config.data.format_weight", self.format_weight, 0.0, 1.0)
     check_float("config.data.reward_timeout_s", self.reward_timeout_s, 0.0, 3600.0, low_open=True)
     check_int("config.data.reward_workers", self.reward_workers, 0, 256)
-    check_int("config.data.max_prompt_len", self.max_prompt_len, 1)
+    check_int("config.data.max_prompt_len", self.max_prompt_len, 0)  # 0: the longest prompt (pipeline.resolve_prompt_len)
     check_bool("config.data.chat_template", self.chat_template)

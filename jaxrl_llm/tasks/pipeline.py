@@ -54,6 +54,23 @@ def encode_prompts(tokenizer, examples: Sequence[Example], max_prompt_len: int,
                      tuple(e.answer for e in examples), tuple(e.tag for e in examples))
 
 
+def longest_prompt(tokenizer, examples: Sequence[Example], chat_template: bool) -> int:
+  """Tokens of the longest prompt of `examples`, as `encode_prompts` writes them."""
+  bos = getattr(tokenizer, "bos_id", None)
+  extra = 1 if bos is not None and not chat_template else 0
+  return max((len(tokenizer.encode(prompt_text(tokenizer, ex.prompt, chat_template))) + extra
+              for ex in examples), default=1)
+
+
+def resolve_prompt_len(max_prompt_len: int, tokenizer, examples: Sequence[Example], chat_template: bool,
+                       multiple: int = 8) -> int:
+  """`data.max_prompt_len` itself, or for 0 the longest prompt of `examples`
+  rounded up to `multiple` (few distinct shapes: one compile per length)."""
+  if max_prompt_len:
+    return max_prompt_len
+  return -(-longest_prompt(tokenizer, examples, chat_template) // multiple) * multiple
+
+
 def check_prompts(tokenizer, examples: Sequence[Example], max_prompt_len: int, chat_template: bool,
                   what: str) -> None:
   """Every prompt of `examples` encodes (known characters, at most max_prompt_len tokens), or a

@@ -21,6 +21,7 @@ from jaxrl_llm.tasks.base import FormatFn, RewardFn, Task
 from jaxrl_llm.tasks.countdown import CountdownTask, countdown_format, countdown_reward
 from jaxrl_llm.tasks.files import FileTask
 from jaxrl_llm.tasks.math_reward import boxed_format, math_verify_reward
+from jaxrl_llm.tasks.word_problems import WordProblemTask
 
 TaskFactory = Callable[[Any], Task]  # (run config) -> Task
 
@@ -77,6 +78,10 @@ def _countdown(cfg) -> Task:
                        eval_fraction=t.eval_fraction, wrong_fraction=cfg.sft.wrong_fraction)
 
 
+def _word_problems(cfg) -> Task:
+  return WordProblemTask(max_number=cfg.task.max_number, seed=cfg.seed, eval_fraction=cfg.task.eval_fraction)
+
+
 def _file(cfg) -> Task:
   d = cfg.data
   # A file's rows carry no reward of their own: 'auto' checks math answers.
@@ -88,6 +93,7 @@ def _file(cfg) -> Task:
 register_task("arithmetic", _arithmetic)
 register_task("countdown", _countdown)
 register_task("file", _file)
+register_task("word_problems", _word_problems)
 register_reward("arithmetic", arithmetic_reward, arithmetic_format)
 register_reward("countdown", countdown_reward, countdown_format)
 register_reward("math_verify", math_verify_reward, boxed_format)

@@ -30,12 +30,25 @@ from jaxrl_llm.training.model_paths import resolve_model_paths
 from jaxrl_llm.training.sft import SFTConfig
 
 
+AUTO_MICRO_BATCH_TOKENS = 2048  # train.micro_batch_tokens = 0 with a checkpoint model
+
+
+def micro_batch_for_tokens(mini: int, seq_len: int, tokens: int, multiple: int = 1) -> int:
+  """The largest micro-batch that divides the mini-batch `mini`, is a multiple
+  of `multiple` (the mesh's batch shards) and holds at most `tokens` tokens of
+  `seq_len` each; the smallest such divisor when even that is over budget."""
+  sizes = [m for m in range(multiple, mini + 1, multiple) if mini % m == 0]
+  fitting = [m for m in sizes if m * seq_len <= tokens]
+  return max(fitting) if fitting else min(sizes, default=mini)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   steps: int
   epochs: int
   mini_batches: int
   micro_batch_size: int
+  micro_batch_tokens: int
   lr: float
   warmup_steps: int
   lr_decay_to: float
@@ -50,6 +63,7 @@ class TrainConfig:
     check_int("config.train.epochs", self.epochs, 1)
     check_int("config.train.mini_batches", self.mini_batches, 1)
     check_int("config.train.micro_batch_size", self.micro_batch_size, 0)
+    check_int("config.train.micro_batch_tokens", self.micro_batch_tokens, 0)
     check_float("config.train.lr", self.lr, 0.0, 1.0, low_open=True)
     check_int("config.train.warmup_steps", self.warmup_steps, 0)
     check_float("config.train.lr_decay_to", self.lr_decay_to, 0.0, 1.0)
@@ -146,6 +160,18 @@ class RunConfig:
   @property
   def micro_batch_size(self) -> int:
     return self.train.micro_batch_size or self.mini_batch_size
+
+  def with_micro_batch(self, prompt_len: int, batch_shards: int) -> "RunConfig":
+    """This config with `train.micro_batch_size` set from `train.micro_batch_tokens`
+    when it is 0 (`micro_batch_for_tokens`); unchanged when it is set, or when no
+    token budget applies (the tiny model's default)."""
+    tr = self.train
+    budget = tr.micro_batch_tokens or (AUTO_MICRO_BATCH_TOKENS if self.model.hf_path else 0)
+    if tr.micro_batch_size or not budget:
+      return self
+    micro = micro_batch_for_tokens(self.mini_batch_size, prompt_len + self.rollout.max_response_len, budget,
+                                   batch_shards)
+    return dataclasses.replace(self, train=dataclasses.replace(tr, micro_batch_size=micro))
 
   @property
   def use_value(self) -> bool:

@@ -64,12 +64,12 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
 
   # ---- task and data -------------------------------------------------------
   c.task = ml_collections.ConfigDict()
-  c.task.name = "arithmetic"  # a task of tasks/registry.py: arithmetic | countdown | file (prompts from data.path)
+  c.task.name = "arithmetic"  # a task of tasks/registry.py: arithmetic | countdown | word_problems | file (prompts from data.path)
   c.task.digits = 2  # arithmetic: first operand size in decimal digits
   c.task.digits2 = 1  # arithmetic: second operand size in decimal digits; 0: same as task.digits
   c.task.ops = "+"  # arithmetic: operators drawn, a subset of "+-*"
   c.task.n_numbers = 3  # countdown: numbers to combine
-  c.task.max_number = 9  # countdown: numbers drawn from [1, max_number]
+  c.task.max_number = 9  # countdown: numbers drawn from [1, max_number]; word_problems: operands from [2, max_number]
   c.task.eval_fraction = 0.2  # share of the problem space (or of the file's rows) held out for eval
   c.task.n_train = 20000  # examples in the training pool (built-in tasks; files use every row)
 
@@ -83,7 +83,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
   c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
   c.data.reward_workers = 0  # reward worker processes; 0 scores in the trainer process
-  c.data.max_prompt_len = 8  # tokens; prompts are left-padded to this, longer ones are an error (built-in arithmetic: "47+8=" is 5)
+  c.data.max_prompt_len = 0  # tokens; prompts are left-padded to this, longer ones are an error; 0: the longest train or eval prompt (chat template included) rounded up to a multiple of 8 (built-in arithmetic: "47+8=" is 5, so 8)
   c.data.chat_template = False  # wrap the prompt as a user message with the tokenizer's chat template
 
   # ---- model -----------------------------------------------------------------
@@ -94,9 +94,10 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.model.n_heads = 4  # tiny model: query heads N
   c.model.n_kv_heads = 4  # tiny model: key/value heads K
   c.model.d_ff = 256  # tiny model: SwiGLU hidden width F
+  c.model.vocab_multiple = 1  # tiny model: vocabulary rounded up to a multiple of this (tensor parallelism needs V % mesh.tensor == 0); the padded ids are never sampled
   c.model.param_dtype = "float32"  # dtype of the trained params
   c.model.compute_dtype = "float32"  # dtype the trainer's matmuls run in
-  c.model.remat = "none"  # none | full | save_dots: activation recompute in the backward pass
+  c.model.remat = "auto"  # none | full | save_dots | auto: activation recompute in the backward pass; auto: full for a checkpoint model (model.hf_path), none for the tiny one
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # devices on the data axis (batch); -1: all devices not used by the others
@@ -104,7 +105,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.mesh.tensor = 1  # devices on the tensor axis (heads, MLP)
 
   c.kernels = ml_collections.ConfigDict()
-  c.kernels.impl = "auto"  # vocabulary ops (log-probs, entropy, Score Centering top-k, TRM KL, distillation): auto | pallas | xla_chunked | naive (naive materialises [B, R, V]; pallas off GPU runs in interpret mode)
+  c.kernels.impl = "auto"  # vocabulary ops (log-probs, entropy, Score Centering top-k, TRM KL, distillation): auto | pallas | xla_chunked | naive (naive materialises [B, R, V]; pallas is Triton on GPU, Mosaic on TPU, and the Triton kernels interpreted elsewhere)
 
   # ---- SFT warm start ---------------------------------------------------------
   c.sft = ml_collections.ConfigDict()
@@ -159,7 +160,8 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.train.steps = 160  # RL steps (one batch of rollouts each)
   c.train.epochs = 1  # passes over each batch (K)
   c.train.mini_batches = 1  # optimizer updates per pass: the batch is split into this many mini-batches
-  c.train.micro_batch_size = 0  # samples per forward/backward inside a mini-batch; 0: the whole mini-batch
+  c.train.micro_batch_size = 0  # samples per forward/backward inside a mini-batch; 0: from micro_batch_tokens
+  c.train.micro_batch_tokens = 0  # with micro_batch_size 0: the largest micro-batch of at most this many tokens (prompt + response) that divides the mini-batch; 0: 2048 for a checkpoint model (model.hf_path), the whole mini-batch for the tiny one
   c.train.lr = 3e-4  # peak learning rate (linear warm-up, then train.lr_decay_to)
   c.train.warmup_steps = 10  # optimizer updates of linear warm-up
   c.train.lr_decay_to = 0.1  # after warm-up, cosine decay to this share of train.lr at the last update; 1: constant

@@ -22,7 +22,7 @@ def make_model(cfg, tokenizer, mesh, key):
 
     params, model_cfg = load_hf(
         m.hf_path, shardings=lambda c: sharding_lib.param_shardings(c, mesh),
-        param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
+        param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat_policy)
     return model_cfg, params
   model_cfg = m.build(tokenizer.vocab_size)
   return model_cfg, sharding_lib.init_sharded_params(model_cfg, key, mesh)

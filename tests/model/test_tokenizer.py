@@ -74,3 +74,16 @@ def test_errors(tok_dir, tmp_path):
   (tmp_path / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": None}))
   with pytest.raises(ValueError, match="no chat_template"):
     load_tokenizer(str(tmp_path)).apply_chat_template(MESSAGES)
+
+
+def test_rollout_stops_at_every_eos_and_never_samples_padded_ids(tok_dir):
+  """The run's sampler takes all of generation_config.json's eos ids, and the
+  tokenizer's size as the limit of what it samples (a model's V may be padded)."""
+  from jaxrl_llm.training.config import from_config_dict
+  from jaxrl_llm.training.defaults import get_config
+
+  tok = load_tokenizer(tok_dir)
+  sampling = from_config_dict(get_config("grpo")).rollout.sampling(tok)
+  assert sampling.eos_ids == (2, 0)
+  assert sampling.vocab_limit == 300
+  assert from_config_dict(get_config("grpo")).rollout.sampling(tok, greedy=True).eos_ids == (2, 0)

@@ -200,3 +200,21 @@ def test_sharded_over_data_axis_equals_unsharded(model):
     generate(params, cfg_m, prompt_BP[:3], pmask_BP[:3], SamplingConfig(max_new_tokens=R), jax.random.key(3), mesh=mesh)
   with pytest.raises(ValueError, match=r"data_axis='rows' must name axes of the mesh"):
     generate(params, cfg_m, prompt_BP, pmask_BP, cfg, jax.random.key(3), mesh=mesh, data_axis="rows")
+
+
+def test_vocab_limit_is_never_sampled(model):
+  """Ids at or past vocab_limit (a vocabulary padded past the tokenizer's) are never
+  sampled, even when the model puts nearly all its mass there."""
+  cfg_m, params = model
+  limit = 40
+  embed = params["embed_VD"].at[limit:].multiply(50.0)  # tied head: those ids' logits dominate
+  params = {**params, "embed_VD": embed}
+  prompt_BP, pmask_BP = pad_prompts(PROMPTS, "left")
+  free = generate(params, cfg_m, prompt_BP, pmask_BP, SamplingConfig(temperature=0.0, max_new_tokens=R),
+                  jax.random.key(0))
+  assert (np.asarray(free.tokens_BR) >= limit).any()  # without the limit they are picked
+  for temperature in (0.0, 1.0):
+    r = generate(params, cfg_m, prompt_BP, pmask_BP,
+                 SamplingConfig(temperature=temperature, max_new_tokens=R, vocab_limit=limit), jax.random.key(1))
+    assert (np.asarray(r.tokens_BR)[np.asarray(r.mask_BR)] < limit).all()
+    assert np.isfinite(np.asarray(r.behav_logp_BR)).all()

@@ -90,3 +90,47 @@ def test_countdown_examples_are_solvable_by_their_demo():
   wrong = CountdownTask(seed=1, wrong_fraction=1.0).examples("train", 300)
   # one operator swapped: the demo misses the target unless the swap is neutral (e.g. x*1 -> x+1 never is)
   assert sum(countdown_reward(e.prompt, e.demo, e.answer) for e in wrong) < 0.2 * len(wrong)
+
+
+def test_prompt_len_zero_fits_the_longest_prompt():
+  """data.max_prompt_len = 0 pads to the longest prompt rounded up to 8; a set length is kept."""
+  from jaxrl_llm.model.tokenizer import CharTokenizer
+  from jaxrl_llm.tasks.base import Example
+  from jaxrl_llm.tasks.pipeline import encode_prompts, longest_prompt, resolve_prompt_len
+
+  tok = CharTokenizer()
+  examples = [Example(prompt=p, answer="1") for p in ("1+2=", "12+345=", "9*9=")]
+  assert longest_prompt(tok, examples, chat_template=False) == len("12+345=") + 1  # + BOS
+  assert resolve_prompt_len(0, tok, examples, chat_template=False) == 8
+  assert resolve_prompt_len(0, tok, examples + [Example(prompt="1" * 8, answer="1")], chat_template=False) == 16
+  assert resolve_prompt_len(5, tok, examples, chat_template=False) == 5
+  batch = encode_prompts(tok, examples, resolve_prompt_len(0, tok, examples, chat_template=False))
+  assert batch.mask_BP.sum(axis=1).tolist() == [5, 8, 5]
+
+
+def test_word_problems_answers_splits_and_reward():
+  """Each answer recomputed from the prompt's words and numbers; the splits are disjoint."""
+  import re
+
+  from jaxrl_llm.tasks.word_problems import WordProblemTask
+
+  task = WordProblemTask(max_number=12, seed=3)
+  train, held_out = task.examples("train", 500), task.examples("eval", 100)
+  assert len(train) == 500 and len(held_out) == 100
+  assert not {e.prompt for e in train} & {e.prompt for e in held_out}
+  assert len({e.prompt for e in held_out}) == 100
+  for ex in train + held_out:
+    a, b = map(int, re.findall(r"\d+", ex.prompt)[:2])
+    if " more" in ex.prompt or "puts" in ex.prompt:
+      want = a + b
+    elif "gave away" in ex.prompt:
+      want = a - b
+    elif "boxes" in ex.prompt:
+      want = a * b
+    else:
+      want = a // b
+      assert a % b == 0
+    assert ex.answer == str(want) and want >= 0, ex.prompt
+  assert task.reward_fn("", f"The answer is {held_out[0].answer}.", held_out[0].answer) == 1.0
+  assert task.reward_fn("", str(int(held_out[0].answer) + 1), held_out[0].answer) == 0.0
+  assert task.format_fn(" 12 ") and not task.format_fn("twelve")
