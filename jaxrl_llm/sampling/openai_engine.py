@@ -95,6 +95,8 @@ SAMPLER_ORDER = ("temperature", "top_k", "top_p", "min_p")  # SamplingConfig's p
 _OFF = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
         "xtc_probability": 0.0, "typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "top_n_sigma": -1.0}
 _PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+3=5.\n"
+# Request fields that llama.cpp echoes in `generation_settings` under the same name (check_applied_settings).
+_APPLIED = ("temperature", "top_k", "top_p", "min_p", "samplers", "n_probs", "post_sampling_probs", *_OFF)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +225,29 @@ class OpenAIEngine:
       self.n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
     except (ServerRejected, ServerUnavailable):
       self.n_ctx = None
+    self.check_applied_settings(ours[:1] or [0])
+
+  def check_applied_settings(self, prompt_ids: list[int]) -> None:
+    """Every sampling field as the server applies it (llama.cpp's native /completion echoes its
+    `generation_settings`): llama.cpp ignores what it does not know (a sampler name, an option) without an
+    error, so a field it did not take would change mu silently. A ConfigError names the field."""
+    probe = {k: v for k, v in self.fields.items() if k not in ("max_tokens", "n", "logit_bias")}
+    try:
+      applied = self.client.post("/completion", {"prompt": prompt_ids, "n_predict": 1, "seed": 0, **probe})
+    except ServerRejected:  # another server (vLLM, SGLang): no native endpoint to ask
+      logging.warning("rollout engine: %s has no llama.cpp /completion; the applied sampling settings are not "
+                      "checked", self.client.base_url)
+      return
+    settings = applied.get("generation_settings") or {}
+    expected = {k: self.fields[k] for k in _APPLIED}
+    expected.update(ignore_eos=False, min_keep=0)
+    for key, want in expected.items():
+      got = settings.get(key)
+      same = got == want if isinstance(want, (list, bool)) or got is None else math.isclose(
+          float(got), float(want), rel_tol=1e-6, abs_tol=1e-7)
+      if not same:
+        raise ConfigError(f"the server at {self.client.base_url} applies {key}={got!r} where the engine asked for "
+                          f"{want!r}: it would sample from another distribution than the one recorded as mu")
 
   def _probe_text(self) -> str:
     if isinstance(self.tokenizer, CharTokenizer):  # every character of the vocabulary
@@ -331,10 +356,11 @@ class OpenAIEngine:
       longest = max(len(r) for r in rows)
       if longest + R > self.n_ctx:
         raise ConfigError(f"a prompt of {longest} tokens + config.rollout.max_response_len={R} exceeds the server's "
-                          f"context of {self.n_ctx} tokens per slot")
+                          f"context of {self.n_ctx} tokens per slot (a server the engine starts gets "
+                          "config.data.max_prompt_len + max_response_len + 8, 512 for the prompt when it is 0)")
     self._restarts_this_call = 0
     samples: dict[int, _Sample] = {}
-    pending = list(range(B))
+    pending, last_error = list(range(B)), None
     for round_ in range(self.cfg.retries + 1 if self.cfg.on_failure == "resample" else 1):
       if round_:
         with self._lock:
@@ -348,6 +374,7 @@ class OpenAIEngine:
           try:
             samples[b] = fut.result()
           except ServerUnavailable as e:
+            last_error = e
             with self._lock:
               self.counters["failed_requests"] += 1
             logging.warning("rollout engine: sample %d failed after %d retries: %s", b, self.cfg.retries, e)
@@ -355,6 +382,9 @@ class OpenAIEngine:
       pending = sorted(failed)
       if not pending:
         break
+    if not samples:  # nothing came back: a server that refuses every request (llama.cpp answers 500 to an
+      # option it does not implement), not bad luck; a batch of empty rows would train on nothing
+      raise RuntimeError(f"rollout engine: all {B} requests of the rollout failed; the last: {last_error}")
     with self._lock:
       self.counters["dropped"] += len(pending)
     return self._batch(prompts, samples, B, R, K)
@@ -457,7 +487,8 @@ def make_openai_engine(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=Non
   if settings.sync == "restart":
     process = LlamaServerProcess(settings.command, alias=settings.model or "jaxrl_llm-policy",
                                  slots=settings.concurrency, ctx_per_slot=settings.ctx_per_slot,
-                                 wait_s=settings.wait_s, log_dir=RestartSync.make_dir())
+                                 wait_s=settings.wait_s, log_dir=RestartSync.make_dir(),
+                                 exact=settings.export == "f32")
     sync = RestartSync(model_cfg=model_cfg, tokenizer=tokenizer, qtype=settings.export, hf_path=hf_path,
                        out_dir=process.log_dir)
   elif settings.sync == "sglang":

@@ -5,6 +5,12 @@ with any flags of the user's, e.g. "llama-server -t 2") plus the flags the
 engine owns:
 
     -m MODEL.gguf --host 127.0.0.1 --port PORT --alias NAME -np SLOTS -c SLOTS*CTX --no-warmup
+    [-ctk f32 -ctv f32 -fa off]   (exact=True: an f32 export)
+
+The last three keep an f32 export exact: llama.cpp's defaults, an f16 KV
+cache and (auto-enabled on the CPU) a flash-attention kernel that rounds to
+f16, put max |log mu - log pi_prox| at 3.4e-2 on the tiny test model, these
+at 3.7e-5 (tests/sampling/test_llama_cpp_engine.py).
 
 and waits until GET /health answers 200 (llama.cpp answers 503 while it
 loads the model). Restarting is how llama.cpp takes new weights: its server
@@ -50,7 +56,7 @@ class LlamaServerProcess:
   """One llama.cpp server on a loopback port; `start(model)` (re)starts it on that model file."""
 
   def __init__(self, command: str, *, alias: str, slots: int, ctx_per_slot: int, wait_s: float,
-               log_dir: str, port: int = 0):
+               log_dir: str, port: int = 0, exact: bool = False):
     argv = shlex.split(command)
     if not argv:
       raise ConfigError("config.rollout.server_command='' is invalid: the llama.cpp server to start "
@@ -59,6 +65,9 @@ class LlamaServerProcess:
       raise ConfigError(f"config.rollout.server_command={command!r}: {argv[0]!r} is not an executable on PATH "
                         "(llama.cpp's llama-server; see tests/sampling/test_llama_cpp_engine.py for how to build it)")
     self.argv, self.alias, self.slots, self.ctx_per_slot = argv, alias, slots, ctx_per_slot
+    # f32 keys and values, no flash attention: llama.cpp's defaults (an f16 KV cache; a CPU flash-attention
+    # kernel that rounds to f16) move log mu by ~3e-2 on an f32 export, these settings by ~4e-5.
+    self.precision = ["-ctk", "f32", "-ctv", "f32", "-fa", "off"] if exact else []
     self.wait_s, self.log_dir = wait_s, log_dir
     self.port = port or free_port()
     self.url = f"http://127.0.0.1:{self.port}"
@@ -80,7 +89,8 @@ class LlamaServerProcess:
     self.stop()
     self.model_path = model_path
     argv = self.argv + ["-m", model_path, "--host", "127.0.0.1", "--port", str(self.port), "--alias", self.alias,
-                        "-np", str(self.slots), "-c", str(self.slots * self.ctx_per_slot), "--no-warmup"]
+                        "-np", str(self.slots), "-c", str(self.slots * self.ctx_per_slot), "--no-warmup",
+                        *self.precision]
     log = open(self.log_path, "ab")
     try:
       self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

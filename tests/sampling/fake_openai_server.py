@@ -1,7 +1,9 @@
 """A pure-Python stand-in for llama.cpp's server, speaking the part of its HTTP API the `openai` engine uses.
 
 Endpoints: GET /health, /v1/models (with meta.n_vocab), /props (n_ctx per
-slot); POST /tokenize, /v1/completions (token-id prompts, llama.cpp's
+slot); POST /tokenize, /completion (only its `generation_settings`, the
+applied sampling fields; `override` makes it apply others), /v1/completions
+(token-id prompts, llama.cpp's
 `logprobs.content` with ids and post-sampling probabilities), and SGLang's
 /update_weights_from_disk. Its "model" is a bigram table: the logits of the
 next token are row `last token` of `logits_VV`. Sampling follows
@@ -69,6 +71,7 @@ class FakeServer(http.server.ThreadingHTTPServer):
     super().__init__(("127.0.0.1", port), _Handler)
     self.logits_VV, self.eos_ids, self.model_id, self.encode = logits_VV, set(eos_ids), model_id, encode
     self.n_ctx, self.script, self.bad_seeds, self.down = n_ctx, [], set(), False
+    self.override = {}  # generation settings the server applies whatever the request says
     self.requests, self.answers, self.loaded = [], {}, []
     self.lock = threading.Lock()
     self.die_after = None  # completions before the process exits (program mode)
@@ -145,6 +148,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       if srv.encode is None:
         return self._send(404, {"error": {"message": "File Not Found", "code": 404}})
       return self._send(200, {"tokens": srv.encode(req["content"])})
+    if self.path == "/completion":  # llama.cpp's native endpoint: here only its echo of the applied settings
+      known = ("dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")  # llama.cpp drops other names
+      applied = {k: v for k, v in req.items() if k != "prompt"}
+      applied.update(samplers=[x for x in req.get("samplers", []) if x in known], ignore_eos=False, min_keep=0)
+      applied.update(srv.override)
+      return self._send(200, {"content": "", "generation_settings": applied})
     if self.path == "/update_weights_from_disk":
       ok = os.path.isfile(os.path.join(req["model_path"], "config.json"))
       srv.loaded.append(req["model_path"])
@@ -184,6 +193,8 @@ def _program(argv) -> None:
   ap.add_argument("--alias", default="fake-model")
   ap.add_argument("-c", dest="ctx", type=int, default=4096)
   ap.add_argument("-np", dest="slots", type=int, default=1)
+  for flag in ("-ctk", "-ctv", "-fa"):  # precision flags: nothing to change in numpy
+    ap.add_argument(flag)
   ap.add_argument("--die-after", type=int, default=0, help="exit after N completions unless --die-marker exists")
   ap.add_argument("--die-marker", default="")
   args, _ = ap.parse_known_args(argv)

@@ -222,6 +222,13 @@ def test_drop_masks_the_sample_out(server):
   assert eng.metrics()["engine/dropped"] == 1.0
 
 
+def test_a_rollout_whose_every_request_fails_is_an_error(server):
+  server.script = ["500"] * 100
+  eng = engine(server, on_failure="drop", retries=1)
+  with pytest.raises(RuntimeError, match=r"all 6 requests of the rollout failed; the last: .*HTTP 500 \(injected"):
+    eng.generate(prompts(), jax.random.key(13))
+
+
 def test_a_server_that_is_down_is_waited_for(server):
   eng = engine(server, on_exit="wait", wait_s=10.0)
   server.down = True
@@ -270,6 +277,18 @@ def test_other_vocabulary_is_refused():
 def test_other_model_is_refused(server):
   with pytest.raises(ConfigError, match=r"server_model='llama-7b': the server at .* serves \['fake-model'\]"):
     engine(server, model="llama-7b")
+
+
+def test_a_setting_the_server_does_not_apply_is_refused(server):
+  server.override = {"top_k": 40}  # as llama.cpp's default would be, had the field been dropped
+  with pytest.raises(ConfigError, match="applies top_k=40 where the engine asked for 0: it would sample from "
+                                        "another distribution"):
+    engine(server)
+  server.override = {}
+  eng = engine(server)
+  eng.fields = dict(eng.fields, samplers=["temperature", "top_k", "top_p", "min_p", "tail_free"])
+  with pytest.raises(ConfigError, match=r"applies samplers=\['temperature', 'top_k', 'top_p', 'min_p'\] where"):
+    eng.check_applied_settings([TOK.bos_id])
 
 
 def test_long_prompt_for_the_server_context_is_refused(server):
