@@ -1,14 +1,15 @@
 """The `openai` engine against a real llama.cpp server, serving GGUF exports of the built-in tiny model.
 
-llama.cpp comes from the package index: llama-cpp-python 0.3.36 builds it
-from source, and built with its server tool it also installs llama.cpp's
-`llama-server` (the binary the engine starts):
-
-    CMAKE_ARGS="-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_TOOLS_INSTALL=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_UI=OFF \
-      -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-      CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 pip install llama-cpp-python==0.3.36
-
-(`JAXRL_LLM_LLAMA_SERVER` names another binary). Without it these tests skip,
+llama.cpp comes from the package index: `scripts/build_llama_server.sh`
+builds llama.cpp's `llama-server` (the binary the engine starts) from the
+llama.cpp that llama-cpp-python 0.3.36's source archive vendors. (pip
+installing llama-cpp-python with CMAKE_ARGS="-DLLAMA_BUILD_TOOLS=ON
+-DLLAMA_BUILD_SERVER=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_UI=OFF
+-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF" builds the same server, and
+the binary in its build directory runs; the bin/llama-server it installs
+does not, for want of libllama-server-impl.so, which only
+-DLLAMA_TOOLS_INSTALL=ON would install: not tried.)
+`JAXRL_LLM_LLAMA_SERVER` names another binary. Without one these tests skip,
 saying so; the protocol, failures and errors are covered without it by
 test_openai_engine.py's stand-in server.
 
@@ -58,13 +59,12 @@ def _runs(path: str) -> bool:
 
 
 def _llama_server() -> str | None:
-  """llama.cpp's server: $JAXRL_LLM_LLAMA_SERVER, on PATH, or installed by llama-cpp-python (its bin/), if it runs.
-
-  (llama-cpp-python 0.3.36 installs bin/llama-server but not the libllama-server-impl.so it links, unless
-  built with -DLLAMA_TOOLS_INSTALL=ON too; the binary in its build directory runs.)"""
+  """llama.cpp's server: $JAXRL_LLM_LLAMA_SERVER, on PATH, built by scripts/build_llama_server.sh, or installed by
+  llama-cpp-python (its bin/), the first that runs."""
   if os.environ.get("JAXRL_LLM_LLAMA_SERVER"):
     return os.environ["JAXRL_LLM_LLAMA_SERVER"]
-  cands = [shutil.which("llama-server")]
+  built = os.environ.get("JAXRL_LLM_LLAMA_CPP") or os.path.expanduser("~/.cache/jaxrl_llm/llama-server-0.3.36")
+  cands = [shutil.which("llama-server"), os.path.join(built, "build", "bin", "llama-server")]  # build_llama_server.sh
   try:
     import llama_cpp
 
@@ -76,9 +76,8 @@ def _llama_server() -> str | None:
 
 SERVER = _llama_server()
 pytestmark = pytest.mark.skipif(
-    SERVER is None, reason="no runnable llama.cpp llama-server: pip install llama-cpp-python==0.3.36 with "
-    "CMAKE_ARGS='-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_TOOLS_INSTALL=ON -DLLAVA_BUILD=OFF ...' (see "
-    "this file's docstring), or set JAXRL_LLM_LLAMA_SERVER to the binary")
+    SERVER is None, reason="no runnable llama.cpp llama-server: run scripts/build_llama_server.sh (it builds the one "
+    "llama-cpp-python 0.3.36 vendors), or set JAXRL_LLM_LLAMA_SERVER to a llama-server binary")
 COMMAND = f"{SERVER} -t 1"  # one thread: the machine is shared
 TOK = CharTokenizer()
 V = TOK.vocab_size
