@@ -41,12 +41,30 @@ def plain_config(cfg) -> dict:
   return json.loads(json.dumps(cfg.to_dict(), default=str))
 
 
+def _defaults(method) -> dict:
+  """The flattened default config of `method` (training/defaults.py), {} if it has none."""
+  from jaxrl_llm.training.config import from_config_dict
+  from jaxrl_llm.training.defaults import get_config
+
+  try:
+    return flatten(plain_config(from_config_dict(get_config(method))))
+  except Exception:  # noqa: BLE001 - an unknown method: no defaults to compare with
+    return {}
+
+
 def result_changes(old: dict, new: dict) -> dict[str, tuple]:
-  """{key: (old, new)} for every key whose change changes the result."""
+  """{key: (old, new)} for every key whose change changes the result.
+
+  A key that the saved config lacks (a workdir written before the key
+  existed) and that the new config holds at its default is no change: every
+  key is added with the default that keeps what runs computed before it."""
   a, b = flatten(old), flatten(new)
+  defaults = _defaults(b.get("method")) if set(b) - set(a) else {}
   out = {}
   for key in sorted(set(a) | set(b)):
     if any(key == n or (n.endswith(".") and key.startswith(n)) for n in RESULT_NEUTRAL):
+      continue
+    if key not in a and key in defaults and b[key] == defaults[key]:
       continue
     if a.get(key, "<absent>") != b.get(key, "<absent>"):
       out[key] = (a.get(key, "<absent>"), b.get(key, "<absent>"))

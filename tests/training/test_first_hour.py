@@ -180,3 +180,19 @@ def test_evaluate_keeps_greedy_and_sampled_results_and_warns_on_damage(tmp_path,
   damaged = _cli("jaxrl_llm.evaluate", f"--workdir={wd}")
   assert damaged.returncode == 0
   assert "the newest checkpoint (step 2) is damaged; evaluated step 1" in damaged.stdout + damaged.stderr
+
+
+def test_keys_added_after_a_workdir_was_written_are_no_change_at_their_defaults():
+  """A workdir saved before a key existed resumes when the key is at its default; a
+  changed value of it, or of an existing key, is still a change."""
+  from jaxrl_llm.training.provenance import flatten, plain_config, result_changes
+
+  new = plain_config(from_config_dict(load_config("grpo")))
+  old = json.loads(json.dumps(new))
+  del old["rollout"]["quant"], old["train"]["micro_batch_tokens"]
+  assert result_changes(old, new) == {}
+  changed = json.loads(json.dumps(new))
+  changed["rollout"]["quant"] = "int4"
+  changed["train"]["lr"] = 1.0
+  assert set(result_changes(old, changed)) == {"rollout.quant", "train.lr"}
+  assert "train.micro_batch_tokens" in flatten(new)
