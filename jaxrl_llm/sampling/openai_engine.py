@@ -82,6 +82,7 @@ from absl import logging
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.gguf_export import check_tokenizer_exportable
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.engine import RolloutBatch, register_engine
@@ -116,15 +117,16 @@ class ServerEngineConfig:
   on_exit: str = "restart"
   wait_s: float = 120.0
   ctx_per_slot: int = 1024  # a managed server's context per slot (prompt + response tokens)
+  hf_path: str = ""  # the run's model.hf_path: a GGUF-converted checkpoint's tokenizer goes into the export
 
   @staticmethod
-  def from_rollout(ro, max_prompt_len: int = 0) -> "ServerEngineConfig":
+  def from_rollout(ro, max_prompt_len: int = 0, hf_path: str = "") -> "ServerEngineConfig":
     return ServerEngineConfig(
         url=ro.server_url, model=ro.server_model, command=ro.server_command, export=ro.server_export,
         sync=ro.server_sync, sync_every=ro.sync_every, concurrency=ro.server_concurrency,
         timeout_s=float(ro.server_timeout_s), retries=ro.server_retries, backoff_s=float(ro.server_backoff_s),
         on_failure=ro.server_on_failure, on_exit=ro.server_on_exit, wait_s=float(ro.server_wait_s),
-        ctx_per_slot=(max_prompt_len or 512) + ro.max_response_len + 8)
+        ctx_per_slot=(max_prompt_len or 512) + ro.max_response_len + 8, hf_path=hf_path)
 
 
 def request_fields(scfg: SamplingConfig, vocab_size: int) -> dict:
@@ -475,21 +477,21 @@ def make_openai_engine(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=Non
                        settings: ServerEngineConfig | None = None) -> OpenAIEngine:
   """The registry's factory: settings from run_cfg.rollout (or given), the weight sync they name."""
   del batch_sharding  # the server holds the rows
-  hf_path = ""
   if run_cfg is not None:
     if run_cfg.objective.needs_token_kl:
       raise ConfigError(f"config.rollout.engine='openai' cannot serve objective {run_cfg.method!r}: its token "
                         "KL(mu || pi_theta) recomputes mu with the trainer's own sampler, not the server")
-    settings = settings or ServerEngineConfig.from_rollout(run_cfg.rollout, run_cfg.data.max_prompt_len)
-    hf_path = run_cfg.model.hf_path
+    settings = settings or ServerEngineConfig.from_rollout(run_cfg.rollout, run_cfg.data.max_prompt_len,
+                                                           run_cfg.model.hf_path)
   settings = settings or ServerEngineConfig()
   process = None
   if settings.sync == "restart":
+    check_tokenizer_exportable(tokenizer, settings.hf_path)  # before any training, not at the first sync
     process = LlamaServerProcess(settings.command, alias=settings.model or "jaxrl_llm-policy",
                                  slots=settings.concurrency, ctx_per_slot=settings.ctx_per_slot,
                                  wait_s=settings.wait_s, log_dir=RestartSync.make_dir(),
                                  exact=settings.export == "f32")
-    sync = RestartSync(model_cfg=model_cfg, tokenizer=tokenizer, qtype=settings.export, hf_path=hf_path,
+    sync = RestartSync(model_cfg=model_cfg, tokenizer=tokenizer, qtype=settings.export, hf_path=settings.hf_path,
                        out_dir=process.log_dir)
   elif settings.sync == "sglang":
     sync = SGLangDiskSync(model_cfg=model_cfg)

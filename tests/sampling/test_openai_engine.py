@@ -414,6 +414,15 @@ def test_missing_server_binary_is_one_line_error():
     make_openai_engine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=TOK, settings=s)
 
 
+def test_a_tokenizer_the_export_cannot_write_is_refused_before_any_sync():
+  class OtherTokenizer:  # e.g. a Hugging Face tokenizer of a checkpoint not converted from a GGUF file
+    vocab_size = V
+
+  s = ServerEngineConfig(command=f"{sys.executable} {FAKE}", sync="restart", hf_path="/some/hf/dir")
+  with pytest.raises(ConfigError, match="model.hf_path='/some/hf/dir' cannot be written as GGUF metadata"):
+    make_openai_engine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=OtherTokenizer(), settings=s)
+
+
 def test_sglang_hook_writes_a_checkpoint_and_asks_the_server_to_load_it(server, tmp_path):
   eng = OpenAIEngine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=TOK,
                      settings=settings(server.url, sync="sglang"),
