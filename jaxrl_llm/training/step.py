@@ -65,6 +65,11 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key):
            "signal/zero_adv_groups": 1.0 - float(filt.informative_groups(first.reward_B, G).mean()),
            "filter/refill_rounds": rounds, "time/rollout_s": t_roll, "time/score_s": t_score,
            "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in parts_s)}
+  versions = np.asarray(samples.version_B)
+  if (versions >= 0).all():  # steps between the policy updated now and the one that sampled each row
+    stats["rollout/version_lag_mean"] = float(np.mean(int(state.step) - versions))
+  if hasattr(ctx.engine, "metrics"):  # an engine's own counters (requests, retries, restarts, sync seconds)
+    stats.update(ctx.engine.metrics())
   if cfg.filters.dynamic_sampling:
     rows, keep = filt.choose_groups(scores.reward_B, G, n_prompts)
     samples, scores = samples.select(rows), select_scores(scores, rows)

@@ -455,6 +455,8 @@ def test_rl_steps_through_the_engine_sync_every_step(tmp_path, quiet_log):
       # mu is the stand-in's bigram, not the policy: an external engine always gets pi_prox recomputed and
       # log c = log pi_prox - log mu measured (both near uniform at init, so the gap is small but not zero)
       assert 0.0 < metrics["mismatch/log_c_abs_mean"] < np.inf
+      # The engine's counters and the samples' policy version reach the step's metrics.
+      assert metrics["engine/syncs"] == step + 1 and metrics["rollout/version_lag_mean"] == 0.0
     assert eng.metrics()["engine/dropped"] == 0.0
   finally:
     eng.close()
