@@ -44,7 +44,8 @@ from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.model.transformer import logits as model_logits
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.generate import generate
-from jaxrl_llm.sampling.openai_engine import OpenAIEngine, ServerEngineConfig, make_openai_engine
+from jaxrl_llm.sampling.openai_engine import OpenAIEngine, make_openai_engine
+from jaxrl_llm.sampling.openai_request import ServerEngineConfig
 from jaxrl_llm.sampling.processors import process_logits
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
 from jaxrl_llm.tasks.pipeline import PromptBatch

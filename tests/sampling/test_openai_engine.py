@@ -23,8 +23,8 @@ from jaxrl_llm.model.params import init_params
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.sampling.config import RolloutConfig, SamplingConfig
 from jaxrl_llm.sampling.engine import RolloutBatch
-from jaxrl_llm.sampling.openai_engine import (SAMPLER_ORDER, OpenAIEngine, ServerEngineConfig, make_openai_engine,
-                                              request_fields)
+from jaxrl_llm.sampling.openai_engine import OpenAIEngine, make_openai_engine
+from jaxrl_llm.sampling.openai_request import SAMPLER_ORDER, ServerEngineConfig, request_fields
 from jaxrl_llm.sampling.processors import process_logits
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.sampling.server_process import free_port
