@@ -78,8 +78,9 @@ def _countdown(cfg) -> Task:
                        eval_fraction=t.eval_fraction, wrong_fraction=cfg.sft.wrong_fraction)
 
 
-def _word_problems(cfg) -> Task:
-  return WordProblemTask(max_number=cfg.task.max_number, seed=cfg.seed, eval_fraction=cfg.task.eval_fraction)
+def _word_problems(cfg, prompt_format: str = "instruction") -> Task:
+  return WordProblemTask(max_number=cfg.task.max_number, seed=cfg.seed, eval_fraction=cfg.task.eval_fraction,
+                         prompt_format=prompt_format)
 
 
 def _file(cfg) -> Task:
@@ -94,6 +95,8 @@ register_task("arithmetic", _arithmetic)
 register_task("countdown", _countdown)
 register_task("file", _file)
 register_task("word_problems", _word_problems)
+# The same problems for a base model: "Question: ...\nAnswer:" prompts, the reply's first line judged.
+register_task("word_problems_qa", lambda cfg: _word_problems(cfg, "qa"))
 register_reward("arithmetic", arithmetic_reward, arithmetic_format)
 register_reward("countdown", countdown_reward, countdown_format)
 register_reward("math_verify", math_verify_reward, boxed_format)

@@ -4,10 +4,20 @@
 "12". Problems are drawn from a few sentence templates (addition,
 subtraction, multiplication, sharing), names, objects and small numbers, so a
 small instruct model solves some but not all of them: a task for RL-training a
-real pretrained model through its chat template. The reward is math-verify's
-equivalence of the response's final answer with the reference number (the
-same checker as data files use, `math_reward.py`); the format check asks for
-a bare number.
+real pretrained model. The reward is math-verify's equivalence of the
+response's final answer with the reference number (the same checker as data
+files use, `math_reward.py`); the format check asks for a bare number.
+
+Two prompt formats (`prompt_format`): "instruction" puts a one-line
+instruction before the problem, for an instruct model's chat template; "qa"
+writes "Question: <problem>\nAnswer:", plain text for a base model without
+one. A base model goes on after its answer (" 12\nQuestion: ..."), so in the
+"qa" format the reward and the format check read the response's first line
+only, as few-shot evaluations stop at the first line break. No solved
+examples precede the question: on Gemma 3 270M (base) four of them gave 0.12
+greedy accuracy against 0.08 without (50 held-out problems, within noise) at
+four times the prompt tokens, and the prompt's tokens are most of a step's
+cost. Both formats hold out the same problems.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from jaxrl_llm.checks import check_choice
 from jaxrl_llm.tasks.base import Example
 from jaxrl_llm.tasks.math_reward import math_verify_reward
 from jaxrl_llm.tasks.split import check_split, in_eval_split, split_rng
@@ -31,7 +42,18 @@ TEMPLATES = (
      lambda a, b: a + b),
 )
 INSTRUCTION = "Reply with only the final number, nothing else. "  # before the question: small models follow it better there
+PROMPT_FORMATS = ("instruction", "qa")
 _NUMBER = re.compile(r"-?\d+")
+
+
+def qa_prompt(problem: str) -> str:
+  """The "qa" format: a base model continues "Answer:" with the answer."""
+  return f"Question: {problem}\nAnswer:"
+
+
+def first_line(response: str) -> str:
+  """The response up to its first line break, surrounding whitespace dropped: " 12\n\nQuestion: ..." -> "12"."""
+  return response.strip().split("\n", 1)[0].strip()
 
 
 def number_format(response: str) -> bool:
@@ -44,6 +66,7 @@ class WordProblemTask:
   max_number: int = 20  # operands drawn from [2, max_number]
   seed: int = 0  # fixes the train/eval split and the problems drawn
   eval_fraction: float = 0.2  # share of the problem space held out for eval
+  prompt_format: str = "instruction"  # instruction (an instruct model's chat template) | qa (a base model)
   name: str = "word_problems"
 
   def __post_init__(self):
@@ -51,11 +74,21 @@ class WordProblemTask:
       raise ValueError(f"word_problems max_number={self.max_number!r} must be an int in [3, 1000]")
     if not 0.0 < self.eval_fraction < 1.0:
       raise ValueError(f"word_problems eval_fraction={self.eval_fraction} must be in (0, 1)")
+    check_choice("word_problems prompt_format", self.prompt_format, PROMPT_FORMATS)
 
-  reward_fn = staticmethod(math_verify_reward)
-  format_fn = staticmethod(number_format)
+  def _answer_text(self, response: str) -> str:
+    """What the verifier reads: the whole response, or its first line in the "qa" format."""
+    return first_line(response) if self.prompt_format == "qa" else response
 
-  def _draw(self, rng) -> Example:
+  def reward_fn(self, prompt: str, response: str, answer: str) -> float:
+    """1 if the response's final answer (of its first line in the "qa" format) equals `answer` (math-verify)."""
+    return math_verify_reward(prompt, self._answer_text(response), answer)
+
+  def format_fn(self, response: str) -> bool:
+    return number_format(self._answer_text(response))
+
+  def _draw(self, rng) -> tuple[str, str]:
+    """(problem text, answer)."""
     t = int(rng.integers(len(TEMPLATES)))
     template, answer = TEMPLATES[t]
     a, b = (int(x) for x in rng.integers(2, self.max_number + 1, size=2))
@@ -66,12 +99,12 @@ class WordProblemTask:
     name = NAMES[int(rng.integers(len(NAMES)))]
     pronoun = "She" if name in ("Mia", "Ava", "Zoe", "Ivy", "Eva", "Lily") else "He"
     prompt = template.format(n=name, o=OBJECTS[int(rng.integers(len(OBJECTS)))], a=a, b=b, p=pronoun)
-    value = str(answer(a, b))
-    return Example(prompt=INSTRUCTION + prompt, answer=value, demo=value, tag=self.name)
+    return prompt, str(answer(a, b))
 
   def examples(self, split: str, n: int) -> list[Example]:
     """`n` distinct-by-split examples: a problem is held out when a seeded hash
-    of its text says so, so train and eval never share one."""
+    of its instruction-format text says so (whatever the prompt format), so
+    train and eval never share one."""
     check_split(split)
     rng = split_rng(self.seed, split)
     want_eval = split == "eval"
@@ -79,11 +112,13 @@ class WordProblemTask:
     for _ in range(200 * n + 1000):
       if len(out) == n:
         break
-      ex = self._draw(rng)
-      if in_eval_split(ex.prompt, self.seed, self.eval_fraction) != want_eval:
+      problem, value = self._draw(rng)
+      key = INSTRUCTION + problem
+      if in_eval_split(key, self.seed, self.eval_fraction) != want_eval:
         continue
-      if want_eval and ex.prompt in seen:  # eval counts each problem once
+      if want_eval and key in seen:  # eval counts each problem once
         continue
-      seen.add(ex.prompt)
-      out.append(ex)
+      seen.add(key)
+      prompt = key if self.prompt_format == "instruction" else qa_prompt(problem)
+      out.append(Example(prompt=prompt, answer=value, demo=value, tag=self.name))
     return out

@@ -134,3 +134,37 @@ def test_word_problems_answers_splits_and_reward():
   assert task.reward_fn("", f"The answer is {held_out[0].answer}.", held_out[0].answer) == 1.0
   assert task.reward_fn("", str(int(held_out[0].answer) + 1), held_out[0].answer) == 0.0
   assert task.format_fn(" 12 ") and not task.format_fn("twelve")
+
+
+def test_word_problems_qa_format():
+  """The "qa" format for a base model: the same held-out problems as the instruction format, as
+  "Question: ...\nAnswer:"; its reward reads the reply's first line, which a base model's run-on
+  reply needs."""
+  import types
+
+  from jaxrl_llm.tasks import registry
+  from jaxrl_llm.tasks.word_problems import INSTRUCTION, WordProblemTask
+
+  plain = WordProblemTask(max_number=12, seed=3)
+  qa = WordProblemTask(max_number=12, seed=3, prompt_format="qa")
+  for split in ("train", "eval"):
+    a, b = plain.examples(split, 40), qa.examples(split, 40)
+    assert [e.answer for e in a] == [e.answer for e in b]
+    for x, y in zip(a, b):
+      assert x.prompt.startswith(INSTRUCTION)
+      assert y.prompt == f"Question: {x.prompt[len(INSTRUCTION):]}\nAnswer:"
+  assert qa.examples("eval", 1)[0].prompt == f"Question: {plain.examples('eval', 1)[0].prompt[len(INSTRUCTION):]}\nAnswer:"
+
+  run_on = " 12\nQuestion: Tom has 5 apples"  # a base model goes on with the next question
+  assert qa.reward_fn("", run_on, "12") == 1.0 and qa.format_fn(run_on)
+  assert plain.reward_fn("", run_on, "12") == 0.0 and not plain.format_fn(run_on)  # math-verify reads the 5
+  assert qa.reward_fn("", " 11\n12", "12") == 0.0  # a later line does not count
+  assert qa.reward_fn("", " 12 cookies\nQuestion:", "12") == 1.0
+  assert qa.reward_fn("", " 5 + 7 = 12\n", "12") == 1.0 and not qa.format_fn(" 5 + 7 = 12\n")
+  with pytest.raises(ValueError, match=r"prompt_format='chat' is invalid: allowed \('instruction', 'qa'\)"):
+    WordProblemTask(prompt_format="chat")
+
+  # config.task.name = word_problems_qa builds it (the examples' tag stays word_problems).
+  cfg = types.SimpleNamespace(seed=3, task=types.SimpleNamespace(name="word_problems_qa", max_number=12,
+                                                                 eval_fraction=0.2))
+  assert registry.make_task(cfg) == qa and qa.examples("eval", 1)[0].tag == "word_problems"
