@@ -64,7 +64,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
 
   # ---- task and data -------------------------------------------------------
   c.task = ml_collections.ConfigDict()
-  c.task.name = "arithmetic"  # a task of tasks/registry.py: arithmetic | countdown | word_problems | file (prompts from data.path)
+  c.task.name = "arithmetic"  # a task of tasks/registry.py: arithmetic | countdown | word_problems | word_problems_qa (the same, plain "Question: ...\nAnswer:" prompts for a base model) | file (prompts from data.path)
   c.task.digits = 2  # arithmetic: first operand size in decimal digits
   c.task.digits2 = 1  # arithmetic: second operand size in decimal digits; 0: same as task.digits
   c.task.ops = "+"  # arithmetic: operators drawn, a subset of "+-*"
