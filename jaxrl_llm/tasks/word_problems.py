@@ -13,7 +13,11 @@ instruction before the problem, for an instruct model's chat template; "qa"
 writes "Question: <problem>\nAnswer:", plain text for a base model without
 one. A base model goes on after its answer (" 12\nQuestion: ..."), so in the
 "qa" format the reward and the format check read the response's first line
-only, as few-shot evaluations stop at the first line break. No solved
+only, as few-shot evaluations stop at the first line break, and that line
+must write the answer's number out: an expression such as "7-5" earns 0
+although math-verify evaluates it to 2 (trained with RL, Gemma 3 270M base
+learned within ten steps to answer with the operation and its operands
+instead of their result). No solved
 examples precede the question: on Gemma 3 270M (base) four of them gave 0.12
 greedy accuracy against 0.08 without (50 held-out problems, within noise) at
 four times the prompt tokens, and the prompt's tokens are most of a step's
@@ -44,6 +48,7 @@ TEMPLATES = (
 INSTRUCTION = "Reply with only the final number, nothing else. "  # before the question: small models follow it better there
 PROMPT_FORMATS = ("instruction", "qa")
 _NUMBER = re.compile(r"-?\d+")
+_OPERATION = re.compile(r"\d\s*[-+*/×÷^]\s*\d")  # "7-5", "49 / 7": an operation on two numbers
 
 
 def qa_prompt(problem: str) -> str:
@@ -81,8 +86,13 @@ class WordProblemTask:
     return first_line(response) if self.prompt_format == "qa" else response
 
   def reward_fn(self, prompt: str, response: str, answer: str) -> float:
-    """1 if the response's final answer (of its first line in the "qa" format) equals `answer` (math-verify)."""
-    return math_verify_reward(prompt, self._answer_text(response), answer)
+    """1 if the response's final answer equals `answer` (math-verify). In the "qa" format: of its first
+    line, whose answer (after its last "=", if any) must be a number, not an operation ("7-5" for 2
+    earns 0, "7-5=2" earns 1)."""
+    text = self._answer_text(response)
+    if self.prompt_format == "qa" and _OPERATION.search(text.rsplit("=", 1)[-1]):
+      return 0.0  # the line ends on an operation, not on its result
+    return math_verify_reward(prompt, text, answer)
 
   def format_fn(self, response: str) -> bool:
     return number_format(self._answer_text(response))

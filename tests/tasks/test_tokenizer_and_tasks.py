@@ -4,6 +4,7 @@ import pytest
 
 from jaxrl_llm.tasks.arithmetic import ArithmeticTask, arithmetic_format, arithmetic_reward, carry_free_sum
 from jaxrl_llm.tasks.countdown import CountdownTask, countdown_format, countdown_reward
+from jaxrl_llm.tasks.math_reward import math_verify_reward
 from jaxrl_llm.model.tokenizer import CharTokenizer
 
 
@@ -161,6 +162,11 @@ def test_word_problems_qa_format():
   assert qa.reward_fn("", " 11\n12", "12") == 0.0  # a later line does not count
   assert qa.reward_fn("", " 12 cookies\nQuestion:", "12") == 1.0
   assert qa.reward_fn("", " 5 + 7 = 12\n", "12") == 1.0 and not qa.format_fn(" 5 + 7 = 12\n")
+  # The answer must be written out: an expression math-verify would evaluate to it earns nothing.
+  assert math_verify_reward("", "7-5", "2") == 1.0
+  assert qa.reward_fn("", " 7-5\n", "2") == 0.0 and qa.reward_fn("", " 49/7", "7") == 0.0
+  assert qa.reward_fn("", " 6 + 8\n14", "14") == 0.0 and qa.reward_fn("", " 2 * 6 = 12 cookies", "12") == 1.0
+  assert qa.reward_fn("", " -12", "-12") == 1.0 and qa.reward_fn("", " 7-5=2", "2") == 1.0
   with pytest.raises(ValueError, match=r"prompt_format='chat' is invalid: allowed \('instruction', 'qa'\)"):
     WordProblemTask(prompt_format="chat")
 
