@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxrl_llm.checks import DTYPES, bad, check_choice, check_float, check_int
+from jaxrl_llm.checks import DTYPES, bad, check_bool, check_choice, check_float, check_int
 from jaxrl_llm.sampling.mismatch import QUANT_MODES, SamplerMismatch
 from jaxrl_llm.model.gguf_export import GGUF_EXPORT_TYPES
 
@@ -170,6 +170,9 @@ class RolloutConfig:
   quant_group: int = 32  # weights per quantisation block (llama.cpp's Q8_0 / Q4_0 use 32)
   noise: float = 0.0  # relative std of a Gaussian perturbation of the sampler's weight matrices; 0 = off
   noise_seed: int = 0  # seed of that perturbation (fixed for the run)
+  # config key `rollout.async` (a Python keyword: the field takes PEP 8's trailing underscore):
+  # generate step s+1's batch while step s updates (training/async_rollout.py); needs staleness >= 1
+  async_: bool = False
   # External engines (engine 'openai'; keys documented in training/defaults.py):
   sync_every: int = 1  # steps between weight pushes to the engine's server
   server_url: str = ""  # http://HOST:PORT of a running server; "": the engine starts llama.cpp's itself
@@ -206,6 +209,10 @@ class RolloutConfig:
     check_int("config.rollout.quant_group", self.quant_group, 1, 1 << 20)
     check_float("config.rollout.noise", self.noise, 0.0, 1.0)
     check_int("config.rollout.noise_seed", self.noise_seed, 0)
+    check_bool("config.rollout.async", self.async_)
+    if self.async_ and self.staleness < 1:
+      raise bad("config.rollout.staleness", self.staleness, "rollout.async=True samples step s+1's batch while "
+                "step s updates, so with params at least one step old: use staleness >= 1 (it is the queue depth)")
     check_int("config.rollout.sync_every", self.sync_every, 1)
     for name in ("server_url", "server_model", "server_command"):
       if not isinstance(getattr(self, name), str):

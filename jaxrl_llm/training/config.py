@@ -12,6 +12,7 @@ sections. Every check names the field, its value and what is allowed
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from typing import Any
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
@@ -194,6 +195,9 @@ class RunConfig:
                 f"(or identically zero) with one sample per prompt: use group_size >= 2")
     if self.filters.dynamic_sampling and G < 2:
       raise bad("config.rollout.group_size", G, "filters.dynamic_sampling drops groups with equal rewards: needs >= 2")
+    if self.filters.dynamic_sampling and ro.async_:
+      raise bad("config.filters.dynamic_sampling", True, "rollout.async generates the next batch before this one "
+                "is scored, and the refill rounds depend on the scores: use one of the two")
     if ro.batch_size % tr.mini_batches:
       raise bad("config.train.mini_batches", tr.mini_batches,
                 f"must divide the batch of prompts_per_step x group_size = {ro.batch_size} samples")
@@ -247,6 +251,8 @@ def resolve_objective(method: str, block: dict) -> ObjectiveConfig:
 
 
 def _section(name: str, cls: type, block: dict):
+  # A key that is a Python keyword (rollout.async) is the field of that name plus "_" (PEP 8).
+  block = {f"{k}_" if keyword.iskeyword(k) else k: v for k, v in block.items()}
   check_keys(f"config.{name}", block, [f.name for f in dataclasses.fields(cls)])
   try:
     return cls(**block)

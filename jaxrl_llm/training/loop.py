@@ -33,6 +33,7 @@ from jaxrl_llm.sampling.engine import make_engine
 from jaxrl_llm.tasks import registry
 from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts, resolve_prompt_len
 from jaxrl_llm.training import provenance, setup
+from jaxrl_llm.training.async_rollout import AsyncRollouts
 from jaxrl_llm.training.batch import init_value_head
 from jaxrl_llm.training.config import RunConfig
 from jaxrl_llm.training.context import StepContext, snapshot
@@ -123,6 +124,7 @@ class Trainer:
     self.vtx = adamw(warmup_schedule(tr.value_lr, tr.warmup_steps), b1=tr.b1, b2=tr.b2, weight_decay=0.0,
                      clip_norm=tr.clip_norm)
     self.model_cfg = None
+    self.engine = None  # the rollout engine, made once the model config is known (rollout_engine)
     self.context: StepContext | None = None  # built by start_rl
 
   # ---- views -------------------------------------------------------------------------
@@ -190,8 +192,7 @@ class Trainer:
         opt_state=self._opt_init(self.tx, state.params),
         ref_params=snapshot(state.params) if need_ref else None,
         lag_params=tuple(snapshot(state.params) for _ in range(cfg.rollout.staleness)))
-    engine = make_engine(cfg.rollout.engine, model_cfg=self.model_cfg, sampling_cfg=self.sampling_cfg,
-                         tokenizer=self.tokenizer, batch_sharding=self.batch_sharding, run_cfg=cfg)
+    engine = self.rollout_engine()
     self.context = StepContext(
         cfg=cfg, model_cfg=self.model_cfg, mesh=self.mesh, batch_sharding=self.batch_sharding,
         replicated=sharding_lib.replicated(self.mesh), tokenizer=self.tokenizer, runner=self.runner,
@@ -200,6 +201,15 @@ class Trainer:
         factors_update_fn=self._compile_update(state, with_factors=True) if cfg.log.dump_steps else None,
         workdir=self.workdir)
     return state
+
+  def rollout_engine(self):
+    """The rollout engine, made on the first call (after `init_state`: it needs the model config). `run`
+    makes it before the warm start, so that what it checks (a server that does not answer, another
+    vocabulary, a sampling setting the server does not apply) is an error before any training."""
+    if self.engine is None:
+      self.engine = make_engine(self.cfg.rollout.engine, model_cfg=self.model_cfg, sampling_cfg=self.sampling_cfg,
+                                tokenizer=self.tokenizer, batch_sharding=self.batch_sharding, run_cfg=self.cfg)
+    return self.engine
 
   def _compile_update(self, state: TrainState, *, with_factors: bool = False):
     """jit(update_step), or jit(update_step_with_factors) for the token-weight dump's steps."""
@@ -235,15 +245,16 @@ class Trainer:
   def evaluate(self, state: TrainState) -> dict:
     return self.evaluator.greedy_accuracy(state.params, self.eval_examples)
 
-  def step(self, state: TrainState) -> tuple[TrainState, dict]:
-    """One RL step (training/step.py) on the context `start_rl` built.
+  def step(self, state: TrainState, rollouts: AsyncRollouts | None = None) -> tuple[TrainState, dict]:
+    """One RL step (training/step.py) on the context `start_rl` built; with `rollouts`
+    (`rollout.async`, training/async_rollout.py) its samples come from the background thread.
 
     The mesh's shape is in context for the step (`use_abstract_mesh`: what
     functions traced in it see, without tying eager arrays to the mesh), so
     the vocabulary ops, when it splits the vocabulary, run per shard of the
     output head (`model.logprobs.vocab_ops`) instead of gathering it whole."""
     with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
-      return rl_step(self.context, state)
+      return rl_step(self.context, state, rollouts)
 
   def preflight(self) -> None:
     """What the config and the data can tell before a workdir or a model exists."""
@@ -263,6 +274,7 @@ class Trainer:
     self.preflight()
     os.makedirs(self.workdir, exist_ok=True)
     state = self.init_state(jax.random.key(cfg.seed)) if state is None else state
+    self.rollout_engine()  # its checks (a server that answers, its model and vocabulary) before the warm start
     ckpt = RunCheckpoints(self.workdir, cfg.checkpoint, run_config=cfg, model_config=self.model_cfg, log=self.log)
     resuming = ckpt.resume_step() is not None
     provenance.check_and_record(self.workdir, cfg, resuming=resuming, allow_change=self.allow_config_change,
@@ -291,10 +303,14 @@ class Trainer:
     self.hooks.append(lambda trainer, st, metrics: ckpt.on_step(st, metrics))
     guard = SignalGuard(cfg.guard, self.log)
     stop = _StopRequest()
+    rollouts = None
     try:
       stop.install()
+      if cfg.rollout.async_ and int(state.step) < cfg.train.steps:
+        # The batches of the steps ahead are generated in the background from here on (training/async_rollout.py).
+        rollouts = AsyncRollouts(self.context, state, steps=cfg.train.steps)
       for _ in range(int(state.step), cfg.train.steps):
-        state, metrics = self.step(state)
+        state, metrics = self.step(state, rollouts)
         step = int(state.step)
         guard.update(step, metrics)
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
@@ -312,6 +328,8 @@ class Trainer:
           self.log(f"SIGTERM: stopping after step {step} (saved)")
           raise Stopped(step)
     finally:
+      if rollouts is not None:  # first: the background thread uses the engine, the pipeline and the devices
+        rollouts.close()
       stop.restore()
       bar.close()
       writer.close()

@@ -5,11 +5,15 @@
     -> extensions rewrite the batch -> K passes of mini-batch updates -> metrics.
 
 Every stage is a function of the `StepContext` (training/context.py) and the
-`TrainState`; `rl_step(ctx, state)` runs them in order.
+`TrainState`; `rl_step(ctx, state)` runs them in order. With `rollout.async`
+the step's first stage, its samples, was done ahead in a background thread
+(training/async_rollout.py), with the same policy version, key and prompts.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 
 import jax
@@ -31,45 +35,94 @@ from jaxrl_llm.training.score import concat_scores, score, select_scores
 from jaxrl_llm.training.state import TrainState
 
 
-def rollout_and_score(ctx: StepContext, state: TrainState, key):
+def sampler_version(step: int, staleness: int) -> int:
+  """The policy version step `step` (0-based) samples with: theta_{max(s - k, 0)}, theta_v being the
+  params after v steps (the first k steps all sample with theta_0)."""
+  return max(step - staleness, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+  """One step's first round of samples, as the engine returned them (before scoring)."""
+
+  samples: RolloutBatch
+  rollout_s: float  # seconds in engine.generate (time/rollout_s)
+  sync_s: float  # seconds in engine.sync before it (time/sync_s)
+  data_state: dict  # the prompt pipeline's position right after this round's prompts
+  engine_stats: dict  # the engine's own counters right after it (engine/*), {} for one without metrics()
+
+
+def _sample_round(ctx: StepContext, key, round_no: int) -> tuple[RolloutBatch, float]:
+  """The pipeline's next prompts through the (synced) engine: (samples, seconds)."""
+  t0 = time.time()
+  smp = ctx.engine.generate(next(ctx.pipeline), jax.random.fold_in(key, round_no))
+  faults.point("rollout")
+  return smp, time.time() - t0
+
+
+def generate_step(ctx: StepContext, step: int, sampler_params, key) -> Generated:
+  """Syncs the engine to step `step`'s policy (`sampler_params`, version `sampler_version`) and samples
+  the step's first round with `key` (step `step`'s sampling key). The synchronous step calls it, and
+  so does the background generation of `rollout.async` (training/async_rollout.py), in step order."""
+  t0 = time.time()
+  ctx.engine.sync(sampler_params, sampler_version(step, ctx.cfg.rollout.staleness))
+  sync_s = time.time() - t0
+  smp, rollout_s = _sample_round(ctx, key, 0)
+  stats = ctx.engine.metrics() if hasattr(ctx.engine, "metrics") else {}
+  return Generated(samples=smp, rollout_s=rollout_s, sync_s=sync_s, data_state=copy.deepcopy(ctx.pipeline.get_state()),
+                   engine_stats=dict(stats))
+
+
+def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated | None = None):
   """Samples rounds of prompts until the batch is full of informative groups
-  (dynamic sampling) or the refill budget is spent."""
+  (dynamic sampling) or the refill budget is spent, and scores them.
+
+  `first` is the step's first round when it was generated ahead (`rollout.async`, which excludes
+  dynamic sampling); None: generated here. -> (samples, scores, keep_B, stats, data_state), data_state
+  being the pipeline's position after the step's last round (the checkpoint's)."""
   cfg = ctx.cfg
   G, n_prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-  parts_s, parts_r, rounds, t_roll, t_score = [], [], 0, 0.0, 0.0
-  # The engine samples with theta_{s-k} (k = staleness): lag_params[0], or the policy itself.
-  ctx.engine.sync(state.sampler_params(), max(int(state.step) - cfg.rollout.staleness, 0))
+  step = int(state.step)
+  if first is None:
+    # The engine samples with theta_{s-k} (k = staleness): lag_params[0], or the policy itself.
+    first = generate_step(ctx, step, state.sampler_params(), key)
+  parts_s, parts_r, rounds, t_score = [], [], 0, 0.0
+  smp, t_roll, data_state = first.samples, first.rollout_s, first.data_state
   while True:
-    t0 = time.time()
-    smp = ctx.engine.generate(next(ctx.pipeline), jax.random.fold_in(key, rounds))
-    faults.point("rollout")
     t1 = time.time()
     parts_s.append(smp)
     parts_r.append(score(smp, ctx.runner, cfg.filters, cfg.rollout.max_response_len))
-    t_roll, t_score = t_roll + t1 - t0, t_score + time.time() - t1
+    t_score += time.time() - t1
     if not cfg.filters.dynamic_sampling:
       break
     n_informative = sum(int(filt.informative_groups(r.reward_B, G).sum()) for r in parts_r)
     if n_informative >= n_prompts or rounds >= cfg.filters.max_refill_rounds:
       break
     rounds += 1
+    smp, dt = _sample_round(ctx, key, rounds)
+    t_roll += dt
+    data_state = copy.deepcopy(ctx.pipeline.get_state())
   samples, scores = RolloutBatch.concat(parts_s), concat_scores(parts_r)
-  first = parts_r[0]  # the first round is the unfiltered on-policy sample: report it
-  stats = {"reward/mean": first.reward_B.mean(), "reward/std": first.reward_B.std(),
-           "reward/accuracy": first.correct_B.mean(),
-           "reward/pass_at_group": first.correct_B.reshape(-1, G).max(axis=1).mean(),
+  first_r = parts_r[0]  # the first round is the unfiltered on-policy sample: report it
+  stats = {"reward/mean": first_r.reward_B.mean(), "reward/std": first_r.reward_B.std(),
+           "reward/accuracy": first_r.correct_B.mean(),
+           "reward/pass_at_group": first_r.correct_B.reshape(-1, G).max(axis=1).mean(),
            "reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
            "response/length_mean": parts_s[0].length_B.mean(),
            "response/truncated_frac": parts_s[0].truncated_B.mean(),
-           "signal/failure_rate": float(np.mean(first.failed_B | first.timed_out_B)),
-           "signal/zero_adv_groups": 1.0 - float(filt.informative_groups(first.reward_B, G).mean()),
+           "signal/failure_rate": float(np.mean(first_r.failed_B | first_r.timed_out_B)),
+           "signal/zero_adv_groups": 1.0 - float(filt.informative_groups(first_r.reward_B, G).mean()),
            "filter/refill_rounds": rounds, "time/rollout_s": t_roll, "time/score_s": t_score,
-           "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in parts_s)}
+           "time/sync_s": first.sync_s, "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in parts_s)}
   versions = np.asarray(samples.version_B)
   if (versions >= 0).all():  # steps between the policy updated now and the one that sampled each row
-    stats["rollout/version_lag_mean"] = float(np.mean(int(state.step) - versions))
-  if hasattr(ctx.engine, "metrics"):  # an engine's own counters (requests, retries, restarts, sync seconds)
-    stats.update(ctx.engine.metrics())
+    lag = step - versions
+    stats.update({"rollout/version_lag_mean": float(np.mean(lag)), "rollout/version_lag_min": float(lag.min()),
+                  "rollout/version_lag_max": float(lag.max())})
+  engine_stats = first.engine_stats  # an engine's own counters (requests, retries, restarts, sync seconds)
+  if rounds and hasattr(ctx.engine, "metrics"):  # refilled here: the counters after the last round
+    engine_stats = dict(ctx.engine.metrics())
+  stats.update(engine_stats)
   if cfg.filters.dynamic_sampling:
     rows, keep = filt.choose_groups(scores.reward_B, G, n_prompts)
     samples, scores = samples.select(rows), select_scores(scores, rows)
@@ -78,7 +131,7 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key):
     keep = np.ones(scores.reward_B.shape, bool)
   over = filt.overlong_keep(samples.truncated_B, cfg.filters.overlong_filter)
   stats["filter/overlong_masked_frac"] = 1.0 - over.mean()
-  return samples, scores, keep & over, stats
+  return samples, scores, keep & over, stats, data_state
 
 
 def recomputes_prox(cfg) -> bool:
@@ -208,16 +261,30 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
   return state, metrics
 
 
-def rl_step(ctx: StepContext, state: TrainState) -> tuple[TrainState, dict]:
+def rl_step(ctx: StepContext, state: TrainState, rollouts=None) -> tuple[TrainState, dict]:
+  """Step s = state.step: its rollouts, scores, batch and updates.
+
+  `rollouts` (training/async_rollout.AsyncRollouts, `rollout.async`) hands over the step's samples,
+  generated in the background with the same policy version, key and prompts as here; None: they are
+  generated here. Either way the step is the same computation."""
   t0 = time.time()
   lr = float(ctx.lr_schedule(ctx.updates_done(state)))  # this step's first update's rate, before the count moves
   key, k_sample = jax.random.split(state.key)
-  samples, scores, keep_B, stats = rollout_and_score(ctx, state, k_sample)
-  batch, b_stats = build_batch(ctx, state, samples, scores, keep_B)
   # theta_s joins the lag buffer once this step's updates have replaced it, so
   # step s samples with theta_{s-k} (k = staleness); the update donates
-  # state.params, hence the copy before it.
-  theta_s = snapshot(state.params) if state.lag_params else None
+  # state.params, hence the copy before it (async: at once, it is step s + k's weights).
+  theta_s, first, idle = None, None, 0.0
+  if rollouts is not None:
+    theta_s = snapshot(state.params)
+    rollouts.publish(theta_s)  # step s + k's batch may start now
+    first, idle = rollouts.take(int(state.step))
+  samples, scores, keep_B, stats, data_state = rollout_and_score(ctx, state, k_sample, first)
+  # How long the step waited for its samples: generating them here, or blocked on the background thread.
+  stats["time/rollout_wait_s"] = stats["time/sync_s"] + stats["time/rollout_s"] if rollouts is None else idle
+  stats["time/idle_s"] = idle
+  batch, b_stats = build_batch(ctx, state, samples, scores, keep_B)
+  if theta_s is None and state.lag_params:
+    theta_s = snapshot(state.params)
   step_no = int(state.step) + 1  # as metrics.jsonl and log.dump_steps count
   recorder = None
   if ctx.factors_update_fn is not None and dump_lib.wanted(ctx.cfg, step_no):
@@ -225,7 +292,7 @@ def rl_step(ctx: StepContext, state: TrainState) -> tuple[TrainState, dict]:
   state, u_stats = run_updates(ctx, state, batch, recorder)
   if theta_s is not None:
     state = state.push_lag(theta_s)
-  state = state.replace(step=state.step + 1, key=key, data_state=ctx.pipeline.get_state())
+  state = state.replace(step=state.step + 1, key=key, data_state=data_state)
   metrics = {**stats, **b_stats, **u_stats}
   metrics["trust/clip_frac"] = metrics.get("trust/clip_low_frac", 0.0) + metrics.get("trust/clip_high_frac", 0.0)
   metrics["lr"] = lr
