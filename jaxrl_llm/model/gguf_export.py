@@ -27,6 +27,7 @@ and SmolLM2 are); Gemma 3 and scaled RoPE are refused with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -232,11 +233,12 @@ def export_gguf(params, cfg: ModelConfig, path: str, *, tokenizer, qtype: str = 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
+    writer.close()  # flushes the rest: a full disk can fail here too
   except BaseException:
-    writer.close()
+    with contextlib.suppress(OSError):  # the flush of a full disk fails again; the file is closed regardless
+      writer.close()
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
-  writer.close()
   os.replace(tmp, path)
   return GGUFExport(path=path, qtype=qtype, bytes=os.path.getsize(path), seconds=time.perf_counter() - t0)

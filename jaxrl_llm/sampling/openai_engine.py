@@ -141,9 +141,12 @@ class OpenAIEngine:
         models = self.client.get("/v1/models").get("data") or []
         break
       except ServerUnavailable as e:
-        if time.monotonic() > deadline or self.process is None and not self._waits():
-          raise ConfigError(f"config.rollout.server_url={url!r}: no OpenAI-compatible server answers ({e})") from None
-        time.sleep(self.cfg.backoff_s)
+        waits = self.process is not None or self._waits()
+        if time.monotonic() > deadline or not waits:
+          within = f" within config.rollout.server_wait_s={self.cfg.wait_s:g} s" if waits else ""
+          raise ConfigError(f"config.rollout.server_url={url!r}: no OpenAI-compatible server answers{within} "
+                            f"({e})") from None
+        time.sleep(min(self.cfg.backoff_s, max(0.0, deadline - time.monotonic())))
     ids = [m.get("id") for m in models]
     if self.cfg.model and self.cfg.model not in ids:
       raise ConfigError(f"config.rollout.server_model={self.cfg.model!r}: the server at {url} serves {ids}")

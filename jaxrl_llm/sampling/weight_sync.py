@@ -28,6 +28,7 @@ weights are not the trainer's to set.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
 import tempfile
@@ -74,9 +75,23 @@ class RestartSync:
     return tempfile.mkdtemp(prefix="jaxrl_llm_engine_")
 
   def push(self, engine, params, version: int) -> SyncCost:
+    """A full disk at the export is an error (OSError ENOSPC naming the file and the free space): the
+    partial file is removed (export_gguf), the server is not restarted and keeps the previous weights,
+    and the run stops at that step; its last checkpoint is untouched, a rerun resumes from it. (Going on
+    with the old weights would grow the staleness past rollout.staleness without a bound.)"""
     path = os.path.join(self.out_dir, f"policy-v{version}.{self.qtype}.gguf")
-    export = export_gguf(params, self.model_cfg, path, tokenizer=self.tokenizer, qtype=self.qtype,
-                         hf_path=self.hf_path, name=f"jaxrl_llm policy v{version}")
+    try:
+      export = export_gguf(params, self.model_cfg, path, tokenizer=self.tokenizer, qtype=self.qtype,
+                           hf_path=self.hf_path, name=f"jaxrl_llm policy v{version}")
+    except OSError as e:
+      if e.errno != errno.ENOSPC:
+        raise
+      free = shutil.disk_usage(self.out_dir).free
+      serving = f"still serves {self.current}" if self.current else "has no weights yet"
+      raise OSError(errno.ENOSPC, f"rollout engine: no space left on device for the weight sync of policy "
+                    f"version {version} to {path} ({free / 2**20:.1f} MiB free in {self.out_dir}); the partial "
+                    f"file is removed and the server {serving}. Free space (or choose a smaller "
+                    f"config.rollout.server_export) and rerun to resume from the last checkpoint") from None
     reload_s = engine.process.start(path)
     if engine.client is None:  # the first server: check its model and vocabulary once
       engine._connect(engine.process.url)

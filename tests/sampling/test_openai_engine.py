@@ -8,9 +8,13 @@ against our own `process_logits` on the server's logits (the independent
 reference for the processing order).
 """
 
+import errno
+import json
 import os
+import re
 import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -261,6 +265,32 @@ def test_unreachable_server_is_one_line_error():
   assert "\n" not in str(e.value) and url in str(e.value)
 
 
+def test_an_unreachable_server_is_a_one_line_error_before_training(tmp_path):
+  # A running server (server_sync='none') on a closed loopback port, waited for server_wait_s: the run
+  # stops with the URL named, before the warm start (sft.steps > 0 would log its steps) or any checkpoint.
+  from run_helpers import load_config, make_trainer, shrink
+
+  from jaxrl_llm.training.config import from_config_dict
+
+  url = f"http://127.0.0.1:{free_port()}"
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_sync": "none",
+                                     "rollout.server_url": url, "rollout.server_on_exit": "wait",
+                                     "rollout.server_wait_s": 1.0, "rollout.server_backoff_s": 0.1,
+                                     "sft.steps": 20})
+  logs = []
+  tr = make_trainer(from_config_dict(c), tmp_path / "run", logs.append)
+  t0 = time.monotonic()
+  with pytest.raises(ConfigError) as e:
+    tr.run()
+  waited = time.monotonic() - t0
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith(f"config.rollout.server_url={url!r}: no OpenAI-compatible server "
+                                            "answers within config.rollout.server_wait_s=1 s (GET ")
+  assert waited >= 1.0  # it did wait for the server
+  assert not any(line.startswith("sft step") for line in logs) and not any("eval" in line for line in logs)
+  assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_other_vocabulary_is_refused():
   bigger = FakeServer(np.zeros((V + 5, V + 5)), encode=TOK.encode).start()
   shifted = FakeServer(bigram(), encode=lambda text: [i + 1 for i in TOK.encode(text)]).start()
@@ -406,6 +436,83 @@ def test_a_crashed_server_is_an_error_when_configured(tmp_path):
       eng.generate(prompts(), jax.random.key(0))
   finally:
     eng.close()
+
+
+def _fill_the_disk(out_dir, seen):
+  """A GGUFWriter.write_tensors_to_file that writes part of the file, then finds the disk full."""
+  def write(self, *args, **kwargs):
+    del args, kwargs
+    for fout in self.fout:
+      fout.write(b"\0" * 4096)
+      fout.flush()
+    seen.extend(f for f in os.listdir(out_dir) if ".partial-" in f)  # the partial file is on disk
+    raise OSError(errno.ENOSPC, "No space left on device")
+  return write
+
+
+def test_a_full_disk_at_the_sync_export_is_an_error_and_the_server_keeps_its_weights(tmp_path, monkeypatch):
+  # Decision (weight_sync.RestartSync.push): an OSError(ENOSPC) naming the file and the free space; the
+  # partial file removed; the server not restarted, still serving the previous export.
+  import gguf
+
+  eng = _managed(tmp_path)
+  try:
+    eng.sync(init_params(MODEL, jax.random.key(0)), 0)
+    before = eng.generate(prompts(), jax.random.key(0))
+    pid, out_dir = eng.process.proc.pid, eng.weight_sync.out_dir
+    partial = []
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", _fill_the_disk(out_dir, partial))
+    with pytest.raises(OSError) as e:
+      eng.sync(init_params(MODEL, jax.random.key(1)), 1)
+    msg = str(e.value)
+    assert e.value.errno == errno.ENOSPC and "\n" not in msg
+    target, previous = os.path.join(out_dir, "policy-v1.f32.gguf"), os.path.join(out_dir, "policy-v0.f32.gguf")
+    assert re.search(rf"policy version 1 to {re.escape(target)} \(\d+\.\d MiB free in {re.escape(out_dir)}\); the "
+                     rf"partial file is removed and the server still serves {re.escape(previous)}\.", msg), msg
+    assert partial and sorted(os.listdir(out_dir)) == ["llama-server.log", "policy-v0.f32.gguf"]
+    assert eng.process.alive() and eng.process.proc.pid == pid and eng.process.model_path == previous
+    assert eng.metrics()["engine/syncs"] == 1.0 and eng.version == 0
+    after = eng.generate(prompts(), jax.random.key(0))  # the previous weights: the same answers to the same seeds
+    assert (after.version_B == 0).all()
+    np.testing.assert_array_equal(after.tokens_BR, before.tokens_BR)
+  finally:
+    eng.close()
+
+
+def test_a_full_disk_at_a_sync_stops_the_run_and_the_last_checkpoint_resumes(tmp_path, monkeypatch, quiet_log):
+  # In a run: the step whose sync fails raises (before its update); the step before it is saved, the
+  # engine's server and export folder are gone; the same command, with space again, resumes.
+  import gguf
+  from run_helpers import load_config, make_trainer, shrink
+
+  from jaxrl_llm.training import loop
+  from jaxrl_llm.training.config import from_config_dict
+
+  monkeypatch.setattr(loop, "write_report_safely", lambda workdir, log: None)  # not under test: seconds saved
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_command": f"{sys.executable} {FAKE}",
+                                     "rollout.server_concurrency": 4, "rollout.server_backoff_s": 0.01,
+                                     "train.steps": 2, "checkpoint.every_steps": 1})
+  cfg, wd = from_config_dict(c), tmp_path / "run"
+  real, exports = gguf.GGUFWriter.write_tensors_to_file, []
+
+  def second_export_fills_the_disk(self, *args, **kwargs):
+    exports.append(self.path)
+    if len(exports) == 2:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    return real(self, *args, **kwargs)
+
+  monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", second_export_fills_the_disk)
+  tr = make_trainer(cfg, wd, quiet_log)
+  with pytest.raises(OSError, match=r"no space left on device for the weight sync of policy version 1 to \S+"
+                                    r"policy-v1\.f32\.gguf \(\d+\.\d MiB free"):
+    tr.run()
+  assert not tr.engine.process.alive() and not os.path.exists(tr.engine.weight_sync.out_dir)
+  assert sorted(int(d) for d in os.listdir(wd / "checkpoints") if d.isdigit()) == [1]
+  monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", real)
+  logs = []
+  summary = make_trainer(cfg, wd, logs.append).run()
+  assert any("resumed from checkpoint step 1" in line for line in logs) and summary["rl_steps"] == 2
+  assert [json.loads(line)["step"] for line in open(wd / "metrics.jsonl")] == [1, 2]
 
 
 def test_missing_server_binary_is_one_line_error():
