@@ -190,6 +190,35 @@ def test_rl_steps_through_llama_cpp_with_a_sync_every_step(tmp_path, quiet_log):
     eng.close()
 
 
+def test_async_rl_steps_through_llama_cpp_sample_with_the_previous_policy(tmp_path, quiet_log):
+  # rollout.async with staleness 1: llama.cpp's server gets theta_{max(s-1, 0)} (exported and restarted in the
+  # background thread) before step s's batch: versions 0, 0, 1, so two exports, and lag 0, 1, 1.
+  from run_helpers import load_config, make_trainer, shrink
+
+  from jaxrl_llm.training.async_rollout import AsyncRollouts
+  from jaxrl_llm.training.config import from_config_dict
+
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_command": COMMAND,
+                                     "rollout.server_concurrency": 2, "rollout.sync_every": 1,
+                                     "rollout.staleness": 1, "rollout.async": True, "train.steps": 3})
+  tr = make_trainer(from_config_dict(c), tmp_path / "run", quiet_log)
+  state = tr.start_rl(tr.setup_extensions(tr.init_state(jax.random.key(0))))
+  rollouts = AsyncRollouts(tr.context, state, steps=3)
+  rows = []
+  try:
+    for _ in range(3):
+      state, metrics = tr.step(state, rollouts)
+      rows.append(metrics)
+  finally:
+    rollouts.close()
+    tr.context.engine.close()
+  assert [r["rollout/version_lag_max"] for r in rows] == [0.0, 1.0, 1.0]
+  assert [r["rollout/version_lag_min"] for r in rows] == [0.0, 1.0, 1.0]
+  assert [r["engine/syncs"] for r in rows] == [1.0, 1.0, 2.0]
+  assert all(np.isfinite(r["loss/total"]) for r in rows) and rows[-1]["engine/dropped"] == 0.0
+  assert not rollouts.running and not tr.engine.process.alive()
+
+
 def test_q4_export_makes_log_c_far_from_zero():
   gaps = {}
   for qtype in ("f32", "q4_0"):
