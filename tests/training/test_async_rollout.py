@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from run_helpers import load_config, make_trainer, shrink
+from run_helpers import REPO, load_config, make_trainer, shrink
 from jaxrl_llm import faults
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checks import ConfigError
@@ -351,6 +352,17 @@ def test_the_async_key_is_validated_and_round_trips():
     from_config_dict(d)
   with pytest.raises(ConfigError, match=r"config.filters.dynamic_sampling=True .*rollout.async"):
     _cfg(1, True, **{"filters.dynamic_sampling": True})
+
+
+def test_the_command_line_sets_the_async_key_with_brackets(tmp_path):
+  # ml_collections parses a --config.* path as a Python expression, so the keyword needs the bracket form;
+  # the run's own check (staleness 0) answers, before any model is built.
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  proc = subprocess.run([sys.executable, "-m", "jaxrl_llm.train", "--config=configs/grpo.py",
+                         '--config.rollout["async"]=True', f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "error: config.rollout.staleness=0 is invalid: rollout.async=True" in proc.stderr
 
 
 # ---- the openai engine ---------------------------------------------------------------------
