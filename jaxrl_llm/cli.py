@@ -13,6 +13,7 @@ traceback. `--debug` shows the traceback of user errors too.
 from __future__ import annotations
 
 import ast
+import keyword
 import sys
 import traceback
 from collections.abc import Callable
@@ -77,7 +78,23 @@ def run(main: Callable) -> None:
   """absl.app.run(main), with user errors reported in one line (exit 2)."""
   from absl import app
 
+  sys.argv[1:] = [keyword_flag(a) for a in sys.argv[1:]]
   guard(app.run, main)
+
+
+def keyword_flag(arg: str) -> str:
+  """`--config.rollout.async=True` -> `--config.rollout["async"]=True`: ml_collections reads a
+  `--config.` path as Python, where a keyword (`async`) cannot follow a dot; the subscript says the same."""
+  if not arg.startswith("--config."):
+    return arg
+  path, eq, value = arg.partition("=")
+  parts = path[len("--"):].split(".")
+  if not any(keyword.iskeyword(p) for p in parts):
+    return arg
+  out = parts[0]
+  for p in parts[1:]:
+    out += f'["{p}"]' if keyword.iskeyword(p) else f".{p}"
+  return f"--{out}{eq}{value}"
 
 
 def define_debug_flag() -> None:

@@ -126,7 +126,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.rollout.top_p = 1.0  # nucleus sampling mass; 1 disables
   c.rollout.sampler_dtype = "float32"  # float32 | bfloat16: a lower-precision sampler makes mu != pi_prox
   c.rollout.staleness = 0  # k: step s samples with the params step s-k started from (PipelineRL-k; k updates ago with one update per step); 0 is on-policy
-  c.rollout["async"] = False  # generate step s+1's batch in the background while step s updates (a queue of depth k = staleness >= 1; the same samples as the synchronous run with that staleness; training/async_rollout.py). `async` is a Python keyword: in a config file c.rollout["async"] = True, on the command line '--config.rollout["async"]=True' (quoted; ml_collections cannot parse --config.rollout.async)
+  c.rollout["async"] = False  # generate step s+1's batch in the background while step s updates (a queue of depth k = staleness >= 1; the same samples as the synchronous run with that staleness; training/async_rollout.py). `async` is a Python keyword: in a config file c.rollout["async"] = True; on the command line --config.rollout.async=True (cli.py rewrites it to the subscript ml_collections parses)
   c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
   # Mismatch on purpose (built-in engine; sampling/mismatch.py), combinable with sampler_dtype and staleness:
   c.rollout.quant = "none"  # none | int8 | int4: sampler's weight matrices fake-quantised like llama.cpp's Q8_0 / Q4_0

@@ -22,7 +22,7 @@ HISTORY_FILE = "config_history.jsonl"
 # logs, how often it saves or evaluates, how many processes score rewards, which
 # steps it dumps (a dumped step's update is the same, tests/training/test_dump_inspect.py).
 RESULT_NEUTRAL = ("name", "workdir_root", "log.progress", "log.every", "log.dump_steps", "data.reward_workers",
-                  "eval.every", "checkpoint.")
+                  "eval.every", "checkpoint.", "rollout.async_")  # async: when batches are made, not what they are
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -354,12 +354,14 @@ def test_the_async_key_is_validated_and_round_trips():
     _cfg(1, True, **{"filters.dynamic_sampling": True})
 
 
-def test_the_command_line_sets_the_async_key_with_brackets(tmp_path):
-  # ml_collections parses a --config.* path as a Python expression, so the keyword needs the bracket form;
-  # the run's own check (staleness 0) answers, before any model is built.
+@pytest.mark.parametrize("flag", ["--config.rollout.async=True", '--config.rollout["async"]=True'])
+def test_the_command_line_sets_the_async_key(tmp_path, flag):
+  # ml_collections parses a --config.* path as a Python expression, where the keyword cannot follow a
+  # dot: cli.run rewrites the dotted form to the subscript. The run's own check (staleness 0) answers,
+  # before any model is built.
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
   proc = subprocess.run([sys.executable, "-m", "jaxrl_llm.train", "--config=configs/grpo.py",
-                         '--config.rollout["async"]=True', f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=env,
+                         flag, f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "error: config.rollout.staleness=0 is invalid: rollout.async=True" in proc.stderr

@@ -196,3 +196,7 @@ def test_keys_added_after_a_workdir_was_written_are_no_change_at_their_defaults(
   changed["train"]["lr"] = 1.0
   assert set(result_changes(old, changed)) == {"rollout.quant", "train.lr"}
   assert "train.micro_batch_tokens" in flatten(new)
+  # rollout.async changes when batches are generated, not which (async == sync bit for bit at a staleness).
+  flipped = json.loads(json.dumps(new))
+  flipped["rollout"]["async_"] = not new["rollout"]["async_"]
+  assert result_changes(new, flipped) == {}
