@@ -41,7 +41,8 @@ tokens, EOS included).
 
 TRL computes no pi_prox at one update per generation (its ratio uses the
 detached current log-probs, which equal them); ours recomputes log pi_prox
-with one forward (training/step.py), so that stage shows in ours only.
+with one forward (training/step.py) by default, so that stage shows in ours
+only; `--prox detach` sets ours' train.prox='detach', TRL's way.
 
 Each (side, round) runs in a fresh process; rounds are interleaved and the
 side that goes first alternates, so a stretch of outside load hurts one
@@ -105,6 +106,7 @@ def _our_config(args):
   c.train.epochs, c.train.mini_batches, c.train.micro_batch_size = 1, 1, args.micro_batch
   c.train.lr, c.train.warmup_steps, c.train.lr_decay_to = args.lr, 0, 1.0
   c.log.kl_to_ref, c.log.progress = False, False
+  c.train.prox = args.prox
   c.data.reward_workers = 0  # scored in the process, like TRL's reward function
   c.eval.n_examples = 8  # never evaluated here; only the held-out split is built
   return c
@@ -130,7 +132,7 @@ def _prepare(args) -> dict:
     cfg = tr.cfg
     return {"hf_dir": cfg.model.hf_path, "max_prompt_len": cfg.data.max_prompt_len,
             "eos_ids": list(tr.sampling_cfg.eos_ids), "micro_batch_size": cfg.micro_batch_size,
-            "mini_batch_size": cfg.mini_batch_size, "remat": cfg.model.remat_policy, "method": cfg.method,
+            "mini_batch_size": cfg.mini_batch_size, "remat": cfg.model.remat_policy, "prox": cfg.train.prox, "method": cfg.method,
             "aggregation": cfg.objective.aggregation, "steps": steps}
 
 
@@ -338,6 +340,9 @@ def main():
   parser.add_argument("--lr", type=float, default=1e-5, help="learning rate of both sides (constant)")
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count(),
                       help="torch.set_num_threads for TRL (default: every core, like XLA's pool)")
+  parser.add_argument("--prox", default="recompute", choices=("recompute", "detach"),
+                      help="ours' train.prox: recompute log pi_prox with a forward pass, or detach the update's "
+                      "own log-probs (TRL's way at one update per generation)")
   parser.add_argument("--skip", nargs="*", default=(), choices=("ours", "trl"))
   parser.add_argument("--child-timeout", type=float, default=3600.0, help="seconds one child process may take")
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -381,7 +386,7 @@ def main():
     prep_file = os.path.join(tmp, "prep.json")
     with open(prep_file, "w") as f:
       json.dump(prep, f)
-    results["config"].update({k: prep[k] for k in ("hf_dir", "max_prompt_len", "eos_ids", "remat", "method",
+    results["config"].update({k: prep[k] for k in ("hf_dir", "max_prompt_len", "eos_ids", "remat", "prox", "method",
                                                   "aggregation")})
     results["config"]["ours_micro_batch_size"] = prep["micro_batch_size"]
     results["config"]["prompt_tokens_per_step"] = [sum(map(len, s["prompt_ids"])) for s in prep["steps"]]

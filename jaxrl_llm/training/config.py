@@ -43,6 +43,13 @@ def micro_batch_for_tokens(mini: int, seq_len: int, tokens: int, multiple: int =
   return max(fitting) if fitting else min(sizes, default=mini)
 
 
+# log pi_prox (the params a batch's updates start from) is either recomputed with one forward pass over
+# the batch before its updates, or, at one update per batch, taken from that update's own forward pass
+# with its gradient stopped (TRL's GRPOTrainer at num_iterations=1): the same number, one pass fewer,
+# r = 1 exactly. `RunConfig.prox_detach_blockers` says what needs the recompute.
+PROX_SOURCES = ("recompute", "detach")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   steps: int
@@ -58,6 +65,7 @@ class TrainConfig:
   b2: float
   clip_norm: float
   value_lr: float
+  prox: str = "recompute"  # where log pi_prox comes from: recompute | detach (PROX_SOURCES)
 
   def __post_init__(self):
     check_int("config.train.steps", self.steps, 0)
@@ -73,6 +81,7 @@ class TrainConfig:
     check_float("config.train.b2", self.b2, 0.0, 1.0)
     check_float("config.train.clip_norm", self.clip_norm, 0.0)
     check_float("config.train.value_lr", self.value_lr, 0.0, 1.0, low_open=True)
+    check_choice("config.train.prox", self.prox, PROX_SOURCES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +187,26 @@ class RunConfig:
   def use_value(self) -> bool:
     return self.objective.advantage == "gae"
 
+  def prox_detach_blockers(self) -> list[str]:
+    """Why log pi_prox cannot come from the update's own forward pass (`train.prox='detach'`): what
+    uses it before the update, or a second update that would see other params."""
+    tr, obj = self.train, self.objective
+    out = []
+    if tr.epochs * tr.mini_batches > 1:
+      out.append(f"train.epochs x train.mini_batches = {tr.epochs * tr.mini_batches} updates per batch: after "
+                 "the first, pi_theta is no longer pi_prox")
+    if self.use_value:
+      out.append("objective.advantage='gae' reads the values of the recompute's pass")
+    if obj.needs_ref or self.log.kl_to_ref:
+      out.append("a KL to the reference (objective.kl_coef, log.kl_to_ref) is computed from log pi_prox "
+                 "before the update")
+    return out
+
+  @property
+  def prox_detached(self) -> bool:
+    """log pi_prox is the update's own log pi_theta, gradient stopped (train.prox='detach')."""
+    return self.train.prox == "detach"
+
   @property
   def run_name(self) -> str:
     return self.name or self.method
@@ -195,6 +224,8 @@ class RunConfig:
                 f"(or identically zero) with one sample per prompt: use group_size >= 2")
     if self.filters.dynamic_sampling and G < 2:
       raise bad("config.rollout.group_size", G, "filters.dynamic_sampling drops groups with equal rewards: needs >= 2")
+    if tr.prox == "detach" and self.prox_detach_blockers():
+      raise bad("config.train.prox", tr.prox, f"{self.prox_detach_blockers()[0]}: use 'recompute'")
     if self.filters.dynamic_sampling and ro.async_:
       raise bad("config.filters.dynamic_sampling", True, "rollout.async generates the next batch before this one "
                 "is scored, and the refill rounds depend on the scores: use one of the two")

@@ -217,7 +217,8 @@ class Trainer:
     extra_terms = tuple(term for ext in self.extensions for term in ext.extra_terms())
     spec = UpdateSpec(model_cfg=self.model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
                       n_micro=cfg.mini_batch_size // cfg.micro_batch_size, temperature=cfg.rollout.temperature,
-                      impl=cfg.kernels.impl, use_value=cfg.use_value, extra_terms=extra_terms)
+                      impl=cfg.kernels.impl, use_value=cfg.use_value, extra_terms=extra_terms,
+                      prox_detached=cfg.prox_detached)
     sh = lambda tree: jax.tree.map(lambda a: a.sharding, tree)  # noqa: E731
     shardings = (sh(state.params), sh(state.opt_state), sh(state.value_params), sh(state.value_opt_state))
     replicated = sharding_lib.replicated(self.mesh)

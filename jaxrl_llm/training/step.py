@@ -136,8 +136,11 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
 
 def recomputes_prox(cfg) -> bool:
   """Whether a step recomputes log pi_prox: the objective, the KL or the value
-  loss need it, or a mismatch dialled on purpose is measured against it (one forward)."""
+  loss need it, or a mismatch dialled on purpose is measured against it (one forward);
+  not with `train.prox='detach'`, where the update's own pass gives it (and no mismatch/* is logged)."""
   obj = cfg.objective
+  if cfg.prox_detached:
+    return False
   return obj.needs_prox or obj.needs_ref or cfg.log.kl_to_ref or cfg.use_value or cfg.rollout.mismatched
 
 

@@ -61,6 +61,7 @@ class UpdateSpec:
   temperature: float  # the sampling temperature: pi_theta is evaluated at it, like mu
   impl: str  # kernels.impl
   use_value: bool  # PPO: train the value head
+  prox_detached: bool = False  # log pi_prox := stop_gradient(log pi_theta) of this pass (train.prox='detach')
   extra_terms: tuple[tuple[str, ExtraTerm], ...] = ()
 
 
@@ -78,8 +79,9 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
       behav_hidden_BRD=mb.behav_hidden_BRD if obj.needs_token_kl else None,
       behav_head_DV=aux[AUX_BEHAV_HEAD] if obj.needs_token_kl else None)
   logp_BR, entropy_BR = vt.logp_BR, vt.entropy_BR
+  prox_BR = jax.lax.stop_gradient(logp_BR) if spec.prox_detached else mb.prox_logp_BR
   pl = obj_lib.policy_loss(
-      logp_BR, mb.prox_logp_BR if obj.needs_prox else None, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
+      logp_BR, prox_BR if obj.needs_prox else None, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
       norms=norms, centering=vt.centering_BR, kl_BR=vt.kl_BR,
       ref_logp_BR=mb.ref_logp_BR if obj.needs_ref and obj.kl_placement == "loss" else None,
       entropy_BR=entropy_BR if obj.needs_entropy else None)
