@@ -104,8 +104,13 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
     data_state = copy.deepcopy(ctx.pipeline.get_state())
   samples, scores = RolloutBatch.concat(parts_s), concat_scores(parts_r)
   first_r = parts_r[0]  # the first round is the unfiltered on-policy sample: report it
-  stats = {"reward/mean": first_r.reward_B.mean(), "reward/std": first_r.reward_B.std(),
-           "reward/accuracy": first_r.correct_B.mean(),
+  # A row without a single token is a request the external engine dropped (rollout.server_on_failure=drop;
+  # the built-in sampler always emits at least one token): it is no sample, so it is kept out of the
+  # reward statistics here and out of the loss and its group's baseline below.
+  got = parts_s[0].length_B > 0
+  got_r = first_r.reward_B[got] if got.any() else first_r.reward_B
+  stats = {"reward/mean": got_r.mean(), "reward/std": got_r.std(),
+           "reward/accuracy": (first_r.correct_B[got] if got.any() else first_r.correct_B).mean(),
            "reward/pass_at_group": first_r.correct_B.reshape(-1, G).max(axis=1).mean(),
            "reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
            "response/length_mean": parts_s[0].length_B.mean(),
@@ -131,7 +136,8 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
     keep = np.ones(scores.reward_B.shape, bool)
   over = filt.overlong_keep(samples.truncated_B, cfg.filters.overlong_filter)
   stats["filter/overlong_masked_frac"] = 1.0 - over.mean()
-  return samples, scores, keep & over, stats, data_state
+  stats["rollout/dropped_frac"] = float(np.mean(samples.length_B == 0))
+  return samples, scores, keep & over & (samples.length_B > 0), stats, data_state
 
 
 def recomputes_prox(cfg) -> bool:

@@ -215,3 +215,40 @@ def test_rl_steps_through_the_engine_sync_every_step(tmp_path, quiet_log):
     assert eng.metrics()["engine/dropped"] == 0.0
   finally:
     eng.close()
+
+
+def test_a_dropped_sample_is_out_of_the_loss_and_its_groups_baseline(tmp_path, quiet_log, server):
+  """server_on_failure=drop: the failed request's row has no tokens; its group's GRPO advantages are
+  those of the group without it, (R_i - mean) / (std + eps) over the samples that came back."""
+  from run_helpers import load_config, make_trainer, shrink
+
+  from jaxrl_llm.token_dump import read_dump
+  from jaxrl_llm.training.config import from_config_dict
+
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_url": server.url,
+                                     "rollout.server_sync": "none", "rollout.server_on_exit": "error", "rollout.server_on_failure": "drop",
+                                     "rollout.server_retries": 1, "rollout.server_concurrency": 1,
+                                     "rollout.server_backoff_s": 0.01, "train.steps": 1, "log.dump_steps": (1,)})
+  tr = make_trainer(from_config_dict(c), tmp_path / "run", quiet_log)
+  state = tr.start_rl(tr.setup_extensions(tr.init_state(jax.random.key(0))))
+  try:
+    server.script = ["500", "500"]  # the first request of the step and its one retry fail: dropped
+    state, metrics = tr.step(state)
+  finally:
+    tr.context.engine.close()
+  assert tr.context.engine.metrics()["engine/dropped"] == 1.0
+  G = c.rollout.group_size
+  assert metrics["rollout/dropped_frac"] == pytest.approx(1.0 / (c.rollout.prompts_per_step * G))
+  arrays, _ = read_dump(str(tmp_path / "run"), 1)
+  dropped = np.flatnonzero(arrays["length_B"] == 0)
+  assert dropped.size == 1
+  b = int(dropped[0])
+  assert not arrays["loss_mask_BR"][b].any() and not arrays["adv_in_BR"][b].any()
+  g = b // G
+  rows = [i for i in range(g * G, (g + 1) * G) if i != b]
+  rewards = arrays["reward_B"][rows].astype(np.float64)
+  want = (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
+  np.testing.assert_allclose(arrays["seq_adv_B"][rows], want, atol=1e-5)
+  got_all = np.ones(len(arrays["reward_B"]), bool)
+  got_all[b] = False
+  assert metrics["reward/mean"] == pytest.approx(float(arrays["reward_B"][got_all].mean()), abs=1e-6)
