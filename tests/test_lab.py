@@ -313,3 +313,11 @@ def test_cell_numbers_by_hand(tmp_path):
                           + [{"status": "failed"}])
   assert agg["acc_end"] == {"mean": pytest.approx(0.7), "std": pytest.approx(0.2), "min": 0.5, "max": 0.9, "n": 3}
   assert (agg["done"], agg["failed"], agg["seeds"], agg["collapses"]) == (3, 1, 4, 0)
+
+
+def test_the_clip_column_adds_the_corrections_clips():
+  """ScaleRL-style presets clip rho in the correction (correction/clip_*), not r in the trust region."""
+  assert results._clipped({"trust/clip_frac": 0.1, "correction/clip_low_frac": 0.02,
+                           "correction/clip_high_frac": 0.05}) == pytest.approx(0.17)
+  assert results._clipped({"correction/clip_high_frac": 0.05}) == pytest.approx(0.05)
+  assert results._clipped({"correction/masked_frac": 0.3}) is None

@@ -122,6 +122,15 @@ def aggregate_seeds(cells: list[dict]) -> dict:
   }
 
 
+def _clipped(fractions: dict) -> float | None:
+  """The clipped share: the trust region's on r (`trust/clip_frac`) plus a clipping correction's on c or
+  rho (`correction/clip_{low,high}_frac`: ScaleRL's and the other one-ratio presets clip there); None
+  when the cells logged neither."""
+  parts = [fractions.get(k) for k in ("trust/clip_frac", "correction/clip_low_frac", "correction/clip_high_frac")]
+  parts = [v for v in parts if v is not None]
+  return float(sum(parts)) if parts else None
+
+
 def _fmt(v, spec=".3f") -> str:
   return "–" if v is None else format(v, spec)
 
@@ -146,7 +155,7 @@ def markdown(results: dict) -> str:
     reached = f"{_fmt(st['mean'], '.1f')} ({st['reached']}/{a['done']})"
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(a["collapse_reasons"].items()))
     fr = a["fractions"]
-    clip = fr.get("trust/clip_frac")
+    clip = _clipped(fr)
     masked = fr.get("correction/masked_frac")
     gain = a["gain"]
     lines.append(
