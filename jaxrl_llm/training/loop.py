@@ -299,6 +299,10 @@ class Trainer:
       ev_start, history = self.evaluate(state), []
       ckpt.extra.update(ev_start=plain(ev_start), sft_info=plain(sft_info))
     self.log(f"eval (greedy, {ev_start['n']} held-out): accuracy {ev_start['accuracy']:.3f}")
+    if self.cfg.rollout.staleness > 0 and self.cfg.objective.correction == "none":
+      self.log(f"note: rollout.staleness={self.cfg.rollout.staleness}: the samples are off-policy and objective "
+               f"{self.cfg.objective.name!r} corrects nothing against mu; on the default task it learned slower "
+               "than on-policy, where scalerl_gspo or token_tis kept pace (docs/lab.md, 'Staleness 1')")
     writer = MetricsWriter(self.workdir, start_step=int(state.step))
     bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
     self.hooks.append(lambda trainer, st, metrics: ckpt.on_step(st, metrics))

@@ -128,10 +128,10 @@ class _Timeline:
     return next(i for i, e in enumerate(self.events) if e[:2] == (what, step))
 
 
-def _run(cfg, workdir, timeline: _Timeline | None = None):
+def _run(cfg, workdir, timeline: _Timeline | None = None, lines: list | None = None):
   """Trainer.run; with a timeline, every generation and update is recorded, and step s's update
-  waits (up to 60 s) for step s + 1's generation to have started."""
-  tr = make_trainer(cfg, workdir, _quiet)
+  waits (up to 60 s) for step s + 1's generation to have started. `lines` collects the run's log."""
+  tr = make_trainer(cfg, workdir, _quiet if lines is None else lines.append)
   if timeline is None:
     tr.run()
   else:
@@ -181,8 +181,11 @@ def _assert_version_lag(wd, k: int):
 # ---- the same run, generated in the background -------------------------------------------
 
 def test_staleness_1_async_equals_sync_bit_for_bit_and_overlaps_the_update(tmp_path):
-  steps, timeline = 3, _Timeline()
-  sync = _run(_cfg(1, False, **{"train.steps": steps}), tmp_path / "sync")
+  steps, timeline, lines = 3, _Timeline(), []
+  sync = _run(_cfg(1, False, **{"train.steps": steps}), tmp_path / "sync", lines=lines)
+  # GRPO corrects nothing against mu: the run says so once, pointing to the measured alternatives.
+  notes = [line for line in lines if line.startswith("note: rollout.staleness=1")]
+  assert len(notes) == 1 and "'grpo' corrects nothing against mu" in notes[0] and "scalerl_gspo" in notes[0]
   asyn = _run(_cfg(1, True, **{"train.steps": steps}), tmp_path / "async", timeline)
   _assert_same_runs(sync, tmp_path / "sync", asyn, tmp_path / "async", steps)
   for wd in ("sync", "async"):
