@@ -108,9 +108,10 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
   # the built-in sampler always emits at least one token): it is no sample, so it is kept out of the
   # reward statistics here and out of the loss and its group's baseline below.
   got = parts_s[0].length_B > 0
-  got_r = first_r.reward_B[got] if got.any() else first_r.reward_B
-  stats = {"reward/mean": got_r.mean(), "reward/std": got_r.std(),
-           "reward/accuracy": (first_r.correct_B[got] if got.any() else first_r.correct_B).mean(),
+  if not got.any():  # (the engine raises before: a rollout whose every request failed is an error)
+    got = np.ones_like(got)
+  stats = {"reward/mean": first_r.reward_B[got].mean(), "reward/std": first_r.reward_B[got].std(),
+           "reward/accuracy": first_r.correct_B[got].mean(),
            "reward/pass_at_group": first_r.correct_B.reshape(-1, G).max(axis=1).mean(),
            "reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
            "response/length_mean": parts_s[0].length_B.mean(),
