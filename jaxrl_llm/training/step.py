@@ -137,8 +137,9 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
     keep = np.ones(scores.reward_B.shape, bool)
   over = filt.overlong_keep(samples.truncated_B, cfg.filters.overlong_filter)
   stats["filter/overlong_masked_frac"] = 1.0 - over.mean()
-  stats["rollout/dropped_frac"] = float(np.mean(samples.length_B == 0))
-  return samples, scores, keep & over & (samples.length_B > 0), stats, data_state
+  sampled = samples.length_B > 0  # not a request the engine dropped
+  stats["rollout/dropped_frac"] = 1.0 - float(sampled.mean())
+  return samples, scores, keep & over & sampled, stats, data_state
 
 
 def recomputes_prox(cfg) -> bool:
