@@ -1,12 +1,12 @@
-"""opd: on-policy distillation from an external teacher (spec 000 eq. 26-32, spec 003).
+"""opd: on-policy distillation from an external teacher (docs/objectives.md section 11.2).
 
 The student samples; the teacher re-scores every sampled prefix; the loss is
-the reverse KL(p || q) over the full vocabulary at each response token
-(mode seeking, eq. 28). The default teacher is made by the warm start: the
-warm-started student trained `teacher.sft_steps` more steps on correct
-demonstrations only. Pure distillation (teacher.rl_coef = 0): the verifier's
+the reverse KL(p || q) over the full vocabulary at each response token (mode
+seeking, docs/objectives.md eq. 11.4). The default teacher is made by the warm
+start: the warm-started student trained `teacher.sft_steps` more steps on
+correct demonstrations only. Pure distillation (teacher.rl_coef = 0): the verifier's
 reward is logged, not trained on. `--config.teacher.signal=gap_advantage`
-switches to the sampled-token advantage form log q(y) - log p(y) (eq. 33);
+switches to the sampled-token advantage form log q(y) - log p(y) (eq. 11.9);
 `--config.teacher.source=checkpoint --config.teacher.checkpoint=DIR` uses a
 saved teacher (same tokenizer).
 """
@@ -21,5 +21,5 @@ def get_config():
   c.teacher.divergence = "reverse_kl"
   c.teacher.coef = 1.0
   c.teacher.rl_coef = 0.0
-  c.objective.aggregation = "token_mean"  # eq. 26: one sum over all response tokens
+  c.objective.aggregation = "token_mean"  # eq. 11.2: one sum over all response tokens
   return c

@@ -1,4 +1,4 @@
-"""rlsd: reward direction, teacher magnitude (spec 000 section 5.4, eq. 37-40).
+"""rlsd: reward direction, teacher magnitude (docs/objectives.md section 11.5, eqs. 11.13-11.14).
 
 A_it = A_i [(1 - lambda) + lambda u_it], u = clip(exp(sign(A_i) Delta_it),
 1 - eps_w, 1 + eps_w), Delta the detached gap log q(y) - log p(y). The verifier

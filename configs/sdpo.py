@@ -1,4 +1,4 @@
-"""sdpo: self-distillation with a privileged context (spec 000 section 5.2, eq. 30-33).
+"""sdpo: self-distillation with a privileged context (docs/objectives.md section 11.3).
 
 The teacher is the student's own network shown the reference answer as a hint
 before the prompt (`teacher.hint_template`); it re-scores the student's
@@ -22,5 +22,5 @@ def get_config():
   c.teacher.signal = "distill"
   c.teacher.divergence = "reverse_kl"
   c.teacher.rl_coef = 0.0
-  c.objective.aggregation = "token_mean"  # eq. 30 sums over tokens
+  c.objective.aggregation = "token_mean"  # the reverse KL (docs/objectives.md eq. 11.4) summed over tokens
   return c

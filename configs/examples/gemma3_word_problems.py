@@ -14,25 +14,13 @@ model goes on with the next "Question: ..."). Otherwise the shape of the
 SmolLM2 example: 8 problems x 4 samples per step, held-out greedy accuracy at
 the start and the end, 10 steps.
 
-Measured on this project's 2-core CPU while other jobs ran (load average
-4.5-7.5; `/usr/bin/time -v`), seed 0, 10 steps: held-out greedy accuracy 0.07
--> 0.12 (100 problems); the training reward rose from 0.00 to 0.44 at step 5
-and fell back to 0.03-0.12 over the last five steps: no learning that would
-stand out from seed noise. 719 s run time (12:23 wall with start-up), 7.7 GB
-peak RSS; a step took 37-61 s after the first (145 s, compiling). The prompt's
-length matters more than the 262,144-word head, which only the response
-tokens pass through (about a quarter of a forward's FLOPs at 8 of ~40 tokens
-a row): with four solved examples before the question (144-token prompts) a
-step took 108-144 s.
-
-An earlier version of the reward accepted a reply that ends on an operation
-("7-5", "49/7", which math-verify evaluates), and with it the same run went
-0.07 -> 0.97: the model had learned to name the operation and its operands,
-not to compute. The reward now gives such a line 0 (tasks/word_problems.py),
-and against it the base model does not learn the arithmetic in 10 steps. A
-run long enough to show whether it does (and the seed-to-seed spread) does
-not fit the 30 minutes this example may take on 2 cores: at ~45 s a step, 30
-minutes are about 35 steps, one seed.
+The reward gives 0 to a reply that ends on an operation ("7-5", "49/7",
+which math-verify would evaluate): otherwise RL teaches the model to name the
+operation and its operands instead of computing (tasks/word_problems.py).
+The prompts carry no solved examples, as the prompt's tokens, not the
+262,144-word head (which only the response tokens pass through), are most of
+a step's cost. What the run does on a CPU (accuracy, run time, memory) is in
+docs/benchmarks.md, "Real checkpoints on a CPU".
 """
 
 import os

@@ -103,8 +103,8 @@ def attention(q_BTNH: jax.Array, k_BKHS: jax.Array, v_BKSH: jax.Array,
   (the KV cache's layouts), so q k^T and p v are both plain batched matmuls
   over (B, K) with the contraction on the rows of the second operand: no
   transpose of the keys or values, which at decode are the whole cache, and
-  the faster matmul form on a CPU (keys as [S, H] made the decode scores
-  ~1.7x slower at 144 slots).
+  the faster matmul form on a CPU (docs/benchmarks.md, "Sampler", has the
+  measurement).
   A query row with no allowed slot (a padding query) returns zeros, not NaN,
   and passes no gradient anywhere.
   """

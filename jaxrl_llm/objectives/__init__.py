@@ -1,4 +1,4 @@
-"""objectives: pure functions of the master equation (spec 002), plus presets.
+"""objectives: pure functions of the master equation (docs/objectives.md), plus presets.
 
 Sign convention: every loss here is minimised, loss = -J.
 
@@ -22,6 +22,7 @@ method table.
 from jaxrl_llm.objectives.advantages import (
     GAEResult,
     group_mean_baseline,
+    batch_advantages,
     compute_advantages,
     gae,
     grpo_advantages,
@@ -54,7 +55,7 @@ from jaxrl_llm.objectives.ratios import TokenRatios, token_ratios
 from jaxrl_llm.objectives.score_centering import centering_exact, centering_topk, gather_topk
 from jaxrl_llm.objectives.value import value_loss
 from jaxrl_llm.objectives.weights import full_token_kl
-# Teacher-derived weights (spec 000 sections 5-6, appendix D): distillation
+# Teacher-derived weights (docs/objectives.md section 11): distillation
 # divergences, the trust knobs z and tau, routing, inputs and schedules.
 from jaxrl_llm.objectives.distill import (distill_loss, forward_kl, generalized_jsd, reverse_kl,
                                           reverse_kl_surrogate, sampled_token_surrogate, teacher_gap,

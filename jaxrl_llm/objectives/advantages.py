@@ -1,4 +1,4 @@
-"""Advantage estimators (spec 000 eqs. 18, 21, 22; spec 002 sec. 2.2, 4.3; spec 003).
+"""Advantage estimators (docs/objectives.md section 6, eqs. 6.1-6.9).
 
 Outcome estimators take one reward per answer, `rewards_B`, with the G
 answers of a prompt in consecutive rows (B = n_prompts * G), and return adv_B:
@@ -64,12 +64,12 @@ def _std(centred, n, ddof: int):
 
 
 def group_mean_baseline(rewards_B, group_size: int, *, valid_B=None):
-  """Dr. GRPO: R_i - mean(R_group) (spec 000 eq. 22)."""
+  """Dr. GRPO: R_i - mean(R_group) (docs/objectives.md eq. 6.3)."""
   return _group_stats(rewards_B, group_size, valid_B)[3].reshape(-1)
 
 
 def grpo_advantages(rewards_B, group_size: int, *, ddof: int = 1, eps: float = 1e-6, valid_B=None):
-  """GRPO: (R_i - mean_g) / (std_g + eps) (spec 000 eq. 18).
+  """GRPO: (R_i - mean_g) / (std_g + eps) (docs/objectives.md eq. 6.2).
 
   Zero-variance and singleton groups give exactly 0 (numerator is 0).
   """
@@ -80,7 +80,7 @@ def grpo_advantages(rewards_B, group_size: int, *, ddof: int = 1, eps: float = 1
 
 
 def rloo_advantages(rewards_B, group_size: int, *, valid_B=None):
-  """RLOO: R_i - mean of the other valid rewards (spec 000 eq. 21); 0 without another."""
+  """RLOO: R_i - mean of the other valid rewards (docs/objectives.md eq. 6.4); 0 without another."""
   r_PG, v_PG, n_P1, _ = _group_stats(rewards_B, group_size, valid_B)
   others = (jnp.sum(v_PG * r_PG, axis=1, keepdims=True) - r_PG) / jnp.maximum(n_P1 - 1.0, 1.0)
   return jnp.where((n_P1 > 1) & (v_PG > 0), r_PG - others, 0.0).reshape(-1)
@@ -146,7 +146,7 @@ class GAEResult:
 
 
 def gae(token_rewards_BR, values_BR, mask_BR, *, gamma: float, lam: float) -> GAEResult:
-  """Generalised advantage estimation over the valid tokens (Schulman et al., 2016).
+  """Generalised advantage estimation over the valid tokens (Schulman et al., 2015; docs/objectives.md eq. 6.8).
 
       delta_t = r_t + gamma V_{t'} - V_t,   A_t = delta_t + gamma lam A_{t'},
 
@@ -184,3 +184,38 @@ def masked_whiten(x_BR, mask_BR, *, eps: float = 1e-6):
   mean = jnp.sum(m * x_BR) / n
   var = jnp.sum(m * jnp.square(x_BR - mean)) / n
   return jnp.where(mask_BR, (x_BR - mean) / (jnp.sqrt(var) + eps), 0.0)
+
+
+def batch_advantages(rewards_B, keep_B, mask_BR, cfg: ObjectiveConfig, group_size: int, *, prox_logp_BR=None,
+                     ref_logp_BR=None, values_BR=None) -> tuple[jax.Array, jax.Array]:
+  """A batch's per-token advantages and returns -> (adv_BR, returns_BR), 0 off `keep_B & mask_BR`.
+
+  Outcome advantages per group (`compute_advantages`: GRPO, RLOO, Dr. GRPO, ...) broadcast over the
+  response, or GAE over the value head's predictions `values_BR` (PPO, SAO). With
+  `cfg.kl_placement == "reward"` the KL to the reference (log pi_prox against log pi_ref) is folded
+  into the reward first: per answer for outcome advantages, per token for GAE (docs/objectives.md,
+  section 7). Rows with keep=False (filtered, dropped) count in no group statistic.
+  """
+  from jaxrl_llm.objectives.kl import fold_kl_into_rewards, kl_token_rewards  # pylint: disable=import-outside-toplevel
+
+  reward = jnp.asarray(rewards_B)
+  mask = jnp.asarray(mask_BR)
+  keep_B = jnp.asarray(keep_B, bool)
+  kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
+  if cfg.advantage == "gae":
+    tok_r = outcome_token_rewards(reward, mask)
+    if kl_in_reward:
+      tok_r = kl_token_rewards(tok_r, jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), mask,
+                               coef=cfg.kl_coef, kind=cfg.kl_estimator)
+    res = gae(tok_r, jnp.asarray(values_BR), mask, gamma=cfg.gamma, lam=cfg.gae_lambda)
+    adv_BR = masked_whiten(res.adv_BR, mask & keep_B[:, None]) if cfg.adv_whiten else res.adv_BR
+    returns_BR = res.returns_BR
+  else:
+    if kl_in_reward:
+      reward = fold_kl_into_rewards(reward, jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), mask,
+                                    coef=cfg.kl_coef, kind=cfg.kl_estimator)
+    adv_B = compute_advantages(reward, group_size, cfg, valid_B=keep_B)
+    adv_BR = jnp.broadcast_to(adv_B[:, None], mask.shape)
+    returns_BR = jnp.zeros(mask.shape, jnp.float32)
+  keep = keep_B[:, None] & mask
+  return jnp.where(keep, adv_BR, 0.0), jnp.where(keep, returns_BR, 0.0)

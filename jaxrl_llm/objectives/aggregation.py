@@ -1,6 +1,6 @@
 """Aggregation (the master equation's lambda_{i,t}) as (numerator, denominator).
 
-Spec 002, section 6: every method is
+docs/objectives.md section 5 and eq. 9.1: every method is
 
     grad J = E[ sum_{i,t} lambda_{i,t} A_{i,t} (W_{i,t} s_y - kappa sum_v mu_v W_v s_v) ]
 
@@ -11,7 +11,7 @@ mask, still count and contribute zero):
 
 | mode                  | lambda_{i,t}                 | used by                         |
 |-----------------------|------------------------------|---------------------------------|
-| `token_mean`          | 1 / sum_i |y_i|              | DAPO, CISPO, ScaleRL (sec 2.3)  |
+| `token_mean`          | 1 / sum_i |y_i|              | DAPO, CISPO, ScaleRL            |
 | `seq_mean_token_mean` | 1 / (B_seq |y_i|)            | GRPO, GSPO, decoupled PPO       |
 | `seq_mean_token_sum`  | 1 / B_seq                    | REINFORCE, TRM (1/N), PipelineRL|
 |                       |                              | (1/G per group, mean over groups)|

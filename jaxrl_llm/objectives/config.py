@@ -1,4 +1,4 @@
-"""ObjectiveConfig: every knob of the master equation (spec 002, section 6).
+"""ObjectiveConfig: every knob of the master equation (docs/objectives.md eq. 9.1).
 
     grad J = E_mu[ sum_{i,t} lambda_{i,t} A_{i,t} (W_{i,t} s_y - kappa sum_v mu_v W_v s_v) ],
     W = f * T.
@@ -38,7 +38,7 @@ ADV_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PLACEMENTS = ("loss", "reward")
 # Corrections whose weight for a vocabulary entry v depends only on rho(v):
-# the ones Score Centering can combine with (spec 002, "Combining with IS").
+# the ones Score Centering can combine with (docs/objectives.md eqs. 8.3-8.4).
 CENTERABLE_CORRECTIONS = ("none", "is", "tis", "mis", "band", "band_indicator")
 
 

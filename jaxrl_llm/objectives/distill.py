@@ -1,10 +1,11 @@
 """On-policy distillation: divergences between a student p and a teacher q.
 
-Spec 000, section 5.1-5.2. On each position t of the student's own rollout,
+docs/objectives.md section 11.1 (equation numbers below are its). On each
+position t of the student's own rollout,
 
-    p_t(a) = pi_theta(a | c_S, y_<t),   q_t(a) = sg[pi_T(a | c_T, y_<t)]   (eq. 25)
+    p_t(a) = pi_theta(a | c_S, y_<t),   q_t(a) = sg[pi_T(a | c_T, y_<t)]   (eq. 11.1)
 
-and a distillation loss is sum_t m_t D(p_t, q_t) (eq. 26). Every function here
+and a distillation loss is sum_t m_t D(p_t, q_t) (eq. 11.2). Every function here
 takes *normalised* log-probabilities over the last axis (``log_softmax`` of
 the logits, at whatever temperature the caller chose) and applies
 ``stop_gradient`` to the teacher itself, so no gradient ever reaches the
@@ -54,10 +55,10 @@ def _kl(logp_a, logp_b):
 
 
 def reverse_kl(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array) -> jax.Array:
-  """KL(p || q) per position: sum_a p(a) [log p(a) - log q(a)] (eq. 28 and 30).
+  """KL(p || q) per position: sum_a p(a) [log p(a) - log q(a)] (eq. 11.4).
 
   The on-policy distillation / SDPO loss; mode seeking. Its negative gradient
-  is E_{a~p}[(log q(a) - log p(a)) grad log p(a)] (eq. 31-32), which
+  is E_{a~p}[(log q(a) - log p(a)) grad log p(a)] (eq. 11.6), which
   ``reverse_kl_surrogate`` and ``sampled_token_surrogate`` reproduce.
   """
   _check_pair(student_logp_BRV, teacher_logp_BRV)
@@ -65,7 +66,7 @@ def reverse_kl(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array) -> jax.
 
 
 def forward_kl(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array) -> jax.Array:
-  """KL(q || p) per position: sum_a q(a) [log q(a) - log p(a)] (eq. 27).
+  """KL(q || p) per position: sum_a q(a) [log q(a) - log p(a)] (eq. 11.3).
 
   Includes the teacher's entropy, a constant for the student, so the value is
   a true KL (>= 0, 0 iff p = q); the gradient is that of the cross-entropy
@@ -82,7 +83,7 @@ def generalized_jsd(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array,
       M = beta * q + (1 - beta) * p
       JSD_beta = beta * KL(q || M) + (1 - beta) * KL(p || M)
 
-  the convention of GKD (Agarwal et al.) as implemented in TRL's
+  (eq. 11.5), the convention of GKD (Agarwal et al., 2024) as implemented in TRL's
   ``generalized_jsd_loss``: the endpoints are defined as the KLs, beta = 0 ->
   forward KL(q || p) and beta = 1 -> reverse KL(p || q). (The interior
   expression itself tends to 0 at the endpoints; JSD_beta / beta -> KL(q || p)
@@ -117,10 +118,10 @@ def token_divergence(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array, *
 
 
 def teacher_gap(student_token_logp_BR: jax.Array, teacher_token_logp_BR: jax.Array) -> jax.Array:
-  """Detached sampled-token teacher gap sg[log q(y_t) - log p(y_t)] (eq. 33, eq. 37).
+  """Detached sampled-token teacher gap sg[log q(y_t) - log p(y_t)] (eq. 11.7).
 
-  The advantage-like coefficient of eq. 32 evaluated at the sampled token: the
-  per-token reward of on-policy distillation, the magnitude signal of RLSD.
+  The advantage-like coefficient of eq. 11.6 evaluated at the sampled token: the
+  per-token reward of on-policy distillation (eq. 11.9), the magnitude signal of RLSD (eq. 11.13).
   """
   if student_token_logp_BR.shape != teacher_token_logp_BR.shape:
     raise ValueError(f"teacher_gap: student token log-probs {student_token_logp_BR.shape} and "
@@ -130,10 +131,10 @@ def teacher_gap(student_token_logp_BR: jax.Array, teacher_token_logp_BR: jax.Arr
 
 def sampled_token_surrogate(student_token_logp_BR: jax.Array,
                             teacher_token_logp_BR: jax.Array) -> jax.Array:
-  """-sg[log q(y_t) - log p(y_t)] * log p(y_t): the advantage form of eq. 31-32.
+  """-sg[log q(y_t) - log p(y_t)] * log p(y_t): the advantage form of eq. 11.6.
 
   With y_t ~ p_t, the expectation of its gradient equals the reverse-KL
-  gradient (eq. 31); one sample per position is an unbiased estimate. Its
+  gradient (eq. 11.6); one sample per position is an unbiased estimate. Its
   value is not the KL (use ``reverse_kl`` or the gap for reporting).
   """
   gap_BR = teacher_gap(student_token_logp_BR, teacher_token_logp_BR)
@@ -141,11 +142,11 @@ def sampled_token_surrogate(student_token_logp_BR: jax.Array,
 
 
 def reverse_kl_surrogate(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Array) -> jax.Array:
-  """-sum_a sg[p(a) (log q(a) - log p(a))] log p(a): eq. 31 summed over the vocabulary.
+  """-sum_a sg[p(a) (log q(a) - log p(a))] log p(a): eq. 11.6 summed over the vocabulary.
 
   The full-vocabulary advantage form: its gradient equals the gradient of
   ``reverse_kl`` exactly (the term sum_a p(a) grad log p(a) = 0 drops out),
-  showing the teacher coefficient of eq. 32 is the whole story.
+  showing the teacher coefficient of eq. 11.6 is the whole story.
   """
   _check_pair(student_logp_BRV, teacher_logp_BRV)
   support = student_logp_BRV > -jnp.inf
@@ -158,13 +159,13 @@ def reverse_kl_surrogate(student_logp_BRV: jax.Array, teacher_logp_BRV: jax.Arra
 def distill_loss(divergence_BR: jax.Array, mask_BR: jax.Array, *, aggregation: str = "token_mean",
                  norms: BatchNorms | None = None,
                  weight_BR: jax.Array | None = None) -> WeightedSum:
-  """sum_{i,t} lambda_it m_it w_it D_it as a (numerator, denominator) pair (eq. 26, 41, 57).
+  """sum_{i,t} lambda_it m_it w_it D_it as a (numerator, denominator) pair (eqs. 11.2, 11.15).
 
-  ``weight_BR`` carries the trust knobs z * tau of eq. 41 and is detached; a
+  ``weight_BR`` carries the trust knobs z * tau of eq. 11.15 and is detached; a
   token whose weight is 0 keeps counting in the normaliser (its teacher branch
   is off, it is not removed from the batch). ``aggregation`` and ``norms`` are
   those of ``aggregation.aggregate`` (pass the full mini-batch's norms when
-  micro-batching); ``token_mean`` is the spec's sum over tokens divided by
+  micro-batching); ``token_mean`` is eq. 11.2's sum over tokens divided by
   the token count.
   """
   if divergence_BR.shape != mask_BR.shape:

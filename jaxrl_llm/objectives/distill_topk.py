@@ -1,4 +1,4 @@
-"""Top-k teacher approximations for on-policy distillation (spec 000, eq. 26-30).
+"""Top-k teacher approximations for on-policy distillation (docs/objectives.md section 11.1, "Top-k teacher").
 
 An external teacher (an inference server, a sampler that kept only its top-k)
 often returns the log-probs of its K most likely tokens, not the full

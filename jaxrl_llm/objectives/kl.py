@@ -1,7 +1,7 @@
-"""KL to a reference policy and the entropy bonus (spec 002 footnote 2, spec 003).
+"""KL to a reference policy and the entropy bonus (docs/objectives.md section 7, eqs. 7.1-7.4).
 
 Per-token estimators of KL(pi_theta || pi_ref) from the sampled token, with
-delta = log pi_ref(y) - log pi_theta(y) (Schulman's k1/k2/k3):
+delta = log pi_ref(y) - log pi_theta(y) (Schulman's k1/k2/k3, eq. 7.1):
 
     k1 = -delta = log pi_theta - log pi_ref          (unbiased, can be < 0)
     k2 = delta^2 / 2                                 (biased, low variance)

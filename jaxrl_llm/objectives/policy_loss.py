@@ -1,4 +1,4 @@
-"""The master-equation policy loss for any knob setting (spec 002, section 6).
+"""The master-equation policy loss for any knob setting (docs/objectives.md section 9).
 
     grad J = E_mu[ sum_{i,t} lambda_{i,t} A_{i,t} (W_{i,t} s_{y_{i,t}} - kappa sum_v mu(v) W_v s_v) ],
     W = f * T,   s_v = grad log pi_theta(v | h_{i,t}).
@@ -53,7 +53,7 @@ class TokenFactors:
   """Every per-token factor of the master equation as this loss used them ([B, R], no gradient).
 
   The loss's gradient coefficient of s_y at token (i, t) is lambda A W
-  (spec 002, section 6); with kappa = 1 the term A (C - sg(C)) adds the
+  (docs/objectives.md eq. 9.1); with kappa = 1 the term A (C - sg(C)) adds the
   drift. A token the loss masks has W = 0 (its flag in `weights.diag`
   says which bound did it). What the token-weight dump records
   (training/dump.py): the loss's own intermediate values, not a recompute.
@@ -108,7 +108,7 @@ def sequence_advantage(adv_BR, mask_BR):
 
 def master_weights(logp_BR, prox_logp_BR, behav_logp_BR, adv_BR, mask_BR, cfg: ObjectiveConfig,
                    *, kl_BR=None) -> MasterWeights:
-  """W_{i,t} = f T of spec 002's master table, from stop-gradient inputs."""
+  """W_{i,t} = f T (docs/objectives.md sections 3-4, eq. 9.1), from stop-gradient inputs."""
   sg = jax.lax.stop_gradient
   shape = logp_BR.shape
   mask = mask_BR.astype(bool)

@@ -1,10 +1,11 @@
-"""Every named method as DATA: a preset of ObjectiveConfig knobs (spec 002 table).
+"""Every named method as DATA: a preset of ObjectiveConfig knobs (docs/objectives.md section 10).
 
-Defaults are the papers' (spec 002 gives most): DAPO eps 0.2/0.28, GSPO
-3e-4/4e-4, IcePop [0.5, 5], Token-TIS / Seq-TIS C = 2, Geo-MIS band
-[0.9998, 1.0002] (verl), ScaleRL DAPO [0.8, 1.26] and CISPO cap 5 (of 4-8),
-PipelineRL C = 1.02 with leave-one-out, SAO (0.7, 6), DPPO delta 0.15 (TV) /
-0.05 (binary KL), TRM delta 0.05 (max) / 0.001 (avg), dual-clip c = 3.
+Defaults are the papers' (docs/objectives.md section 10 gives each preset
+with its paper): DAPO eps 0.2/0.28, GSPO 3e-4/4e-4, IcePop [0.5, 5],
+Token-TIS / Seq-TIS C = 2, Geo-MIS band [0.9998, 1.0002] (verl), ScaleRL DAPO
+[0.8, 1.26] and CISPO cap 5 (of 4-8), PipelineRL C = 1.02 with leave-one-out,
+SAO (0.7, 6), DPPO delta 0.15 (TV) / 0.05 (binary KL), TRM delta 0.05 (max) /
+0.001 (avg), dual-clip c = 3.
 Where a paper leaves a choice open the preset says so in PRESET_NOTES.
 
 `python -m jaxrl_llm.objectives` prints `method_table()`, generated from

@@ -1,4 +1,4 @@
-"""Probability ratios between the three policies (spec 002, section 1.1).
+"""Probability ratios between the three policies (docs/objectives.md section 1).
 
     rho_{i,t} = pi_theta / mu = r_{i,t} c_{i,t},
     r_{i,t}   = pi_theta / pi_prox   (trust region),
@@ -9,7 +9,7 @@ Every ratio is built from a log-ratio that is clamped to
 produces inf/nan (verl uses 20). The clamp is a named parameter; inside the
 clamp range it changes nothing.
 
-Sequence-level ratios (spec 002, sections 2.4 and 3.2):
+Sequence-level ratios (docs/objectives.md eqs. 1.3-1.4):
     product         c_i = prod_t c_{i,t}               (Seq-TIS, Seq-MIS, TOPR)
     geometric mean  s_i = exp(mean_t log r_{i,t})      (GSPO, Geo-MIS, ScaleRL-GSPO)
 Both are computed in log space over the valid tokens only.
@@ -53,7 +53,7 @@ class TokenRatios:
 
 
 def token_ratios(logp_BR, prox_logp_BR, behav_logp_BR, *, log_clamp: float = DEFAULT_LOG_CLAMP) -> TokenRatios:
-  """r, c, rho per token (spec 002, eq. in section 1.1)."""
+  """r, c, rho per token (docs/objectives.md eqs. 1.1-1.2)."""
   return TokenRatios(
       log_r_BR=clamped_log_ratio(logp_BR, prox_logp_BR, log_clamp=log_clamp),
       log_c_BR=clamped_log_ratio(prox_logp_BR, behav_logp_BR, log_clamp=log_clamp),
@@ -81,8 +81,8 @@ def gspo_token_log_ratio(logp_BR, seq_log_ratio_B):
   """GSPO-token: log s_{i,t} = log pi(y_t) - sg(log pi(y_t)) + sg(log s_i).
 
   Its value is log s_i for every token, and its gradient is grad log pi(y_t),
-  so s_{i,t} A_{i,t} has gradient s_i A_{i,t} grad log pi(y_t) (GSPO paper,
-  section 4.3): the sequence weight with per-token advantages.
+  so s_{i,t} A_{i,t} has gradient s_i A_{i,t} grad log pi(y_t) (Zheng et al.,
+  2025, section 4.3; docs/objectives.md section 3): the sequence weight with per-token advantages.
   """
   sg = jax.lax.stop_gradient
   return logp_BR - sg(logp_BR) + sg(seq_log_ratio_B)[:, None]

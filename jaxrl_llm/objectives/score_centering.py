@@ -1,4 +1,4 @@
-"""Score Centering, kappa = 1 (spec 002, section 5.2 and "Combining with IS").
+"""Score Centering, kappa = 1 (docs/objectives.md section 8; Marek & Ryabinin, 2026).
 
 The master equation's kappa term needs, per token, a differentiable scalar
 
@@ -19,7 +19,7 @@ Two ways to compute C:
       gamma = (1 - sum_topk mu) / (1 - sum_topk pi),
   and since sum_v pi(v) s_v = 0 the tail is rewritten with top-k terms only:
       C = sum_{v in top-k} sg(mu_v W_v - gamma f(1/gamma) pi_v) log pi(v).
-  For W = 1 this is the spec's formula. With a weight, the tail's ratio is
+  For W = 1 this is the paper's formula (docs/objectives.md eq. 8.5). With a weight, the tail's ratio is
   rho = 1/gamma (our generalisation, exact when the tail assumption holds).
 """
 

@@ -1,11 +1,11 @@
 """Teacher trust knobs: magnitude (RLSD), confidence tau, sign gates.
 
-Spec 000, section 5.4, section 6 (eq. 41: L = sum z * tau * D_teacher) and
-appendix D (eq. 55-57). Routing (z: SRPO, multi-teacher) is in
+docs/objectives.md sections 11.5-11.6; equation numbers below are its (eq.
+11.15: L = sum z * tau * D_teacher). Routing (z: SRPO, multi-teacher) is in
 ``teacher_routing.py``; the divergences D are in ``distill.py``.
 
 Every weight returned here is detached: it scales a gradient, it never carries
-one. Advantages may be response-level ``adv_B`` (broadcast over tokens, eq. 19)
+one. Advantages may be response-level ``adv_B`` (broadcast over tokens, eq. 6.7)
 or token-level ``adv_BR``.
 """
 
@@ -26,7 +26,7 @@ def _adv_BR(adv: jax.Array, like_BR: jax.Array, name: str = "adv") -> jax.Array:
 
 
 def teacher_entropy(teacher_logp_BRV: jax.Array) -> jax.Array:
-  """H(q_t) = -sum_a q_t(a) log q_t(a) per position (eq. 55), detached."""
+  """H(q_t) = -sum_a q_t(a) log q_t(a) per position (eq. 11.16), detached."""
   logq_BRV = jax.lax.stop_gradient(teacher_logp_BRV)
   finite = logq_BRV > -jnp.inf
   safe_BRV = jnp.where(finite, logq_BRV, 0.0)
@@ -35,7 +35,7 @@ def teacher_entropy(teacher_logp_BRV: jax.Array) -> jax.Array:
 
 def confidence_weight(teacher_entropy_BR: jax.Array, *, beta: float, tau_min: float,
                       tau_max: float) -> jax.Array:
-  """tau_t = clip(exp(-beta * H(q_t)), tau_min, tau_max) (eq. 56).
+  """tau_t = clip(exp(-beta * H(q_t)), tau_min, tau_max) (eq. 11.17).
 
   A confident (low-entropy) teacher counts more. beta >= 0 (beta = 0 gives
   tau = clip(1) everywhere); 0 <= tau_min <= tau_max.
@@ -58,10 +58,10 @@ def _check_rlsd(eps_w: float, lam: float) -> None:
 
 
 def rlsd_multiplier(adv: jax.Array, gap_BR: jax.Array, *, eps_w: float) -> jax.Array:
-  """u = clip(exp(sign(A) * Delta), 1 - eps_w, 1 + eps_w) (eq. 38), detached.
+  """u = clip(exp(sign(A) * Delta), 1 - eps_w, 1 + eps_w) (eq. 11.13), detached.
 
   ``gap_BR`` is the sampled-token teacher gap Delta = log q(y) - log p(y)
-  (eq. 37). For A > 0, tokens the teacher likes more than the student get
+  (eq. 11.7). For A > 0, tokens the teacher likes more than the student get
   more weight; for A < 0, tokens the teacher likes less get more blame. A = 0
   gives u = 1.
   """
@@ -73,11 +73,11 @@ def rlsd_multiplier(adv: jax.Array, gap_BR: jax.Array, *, eps_w: float) -> jax.A
 
 
 def rlsd_advantage(adv: jax.Array, gap_BR: jax.Array, *, eps_w: float, lam: float) -> jax.Array:
-  """A_rlsd = A * [(1 - lambda) + lambda * u] (eq. 39): reward direction, teacher magnitude.
+  """A_rlsd = A * [(1 - lambda) + lambda * u] (eq. 11.14): reward direction, teacher magnitude.
 
   Since u > 0, sign(A_rlsd) = sign(A) always; |A_rlsd| / |A| lies in
   [1 - lambda * eps_w, 1 + lambda * eps_w]. The result is a detached
-  token-level advantage to feed the policy loss (eq. 40).
+  token-level advantage to feed the policy loss (section 11.5).
   """
   _check_rlsd(eps_w, lam)
   adv_BR = jax.lax.stop_gradient(_adv_BR(adv, gap_BR))
@@ -86,7 +86,7 @@ def rlsd_advantage(adv: jax.Array, gap_BR: jax.Array, *, eps_w: float, lam: floa
 
 
 def sign_gate(gap_BR: jax.Array, adv: jax.Array, *, disagree_weight: float = 0.0) -> jax.Array:
-  """Sign-consistency gate on the teacher branch (SG-OPD, spec 000 section 6), detached.
+  """Sign-consistency gate on the teacher branch (SG-OPD, Xu et al., 2026; eq. 11.18), detached.
 
   1 where the teacher gap and the reward advantage push the sampled token the
   same way (sign(Delta) * sign(A) > 0), ``disagree_weight`` elsewhere,

@@ -1,6 +1,6 @@
 """Teacher inputs on the student's rollout: context + response, positions aligned.
 
-Spec 000 eq. 25: the teacher scores the student's own tokens y_<t under its
+docs/objectives.md eq. 11.1: the teacher scores the student's own tokens y_<t under its
 own context c_T (SDPO: the prompt plus feedback, a hint or the reference
 answer; on-policy distillation: the same prompt). The teacher does not
 generate; it re-scores y with teacher forcing, so its next-token distribution

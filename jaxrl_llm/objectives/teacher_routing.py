@@ -1,11 +1,11 @@
-"""Routing the teacher branch: SRPO (spec 000 section 5.3) and multi-teacher by task tag.
+"""Routing the teacher branch: SRPO (docs/objectives.md section 11.4) and multi-teacher by task tag.
 
-The route z of eq. 41 answers "should the teacher be used here at all?".
-SRPO routes per sample: the SDPO (teacher) loss on failed samples that have
-usable teacher information, the GRPO loss elsewhere. Multi-teacher on-policy
-distillation (spec 003) picks the teacher for a sample from its task tag;
-a tag without a teacher gives m_i = 0, which is exactly SRPO's "no usable
-teacher information".
+Equation numbers are docs/objectives.md's. The route z of eq. 11.15 answers
+"should the teacher be used here at all?". SRPO routes per sample: the SDPO
+(teacher) loss on failed samples that have usable teacher information, the
+GRPO loss elsewhere. Multi-teacher on-policy distillation (section 11.2)
+picks the teacher for a sample from its task tag; a tag without a teacher
+gives m_i = 0, which is exactly SRPO's "no usable teacher information".
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _check_binary(name: str, x: jax.Array) -> None:
 
 
 def srpo_routes(correct_B: jax.Array, has_teacher_B: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """z_sdpo = (1 - c_i) m_i, z_grpo = 1 - z_sdpo (eq. 34). Returns (z_grpo_B, z_sdpo_B) as f32.
+  """z_sdpo = (1 - c_i) m_i, z_grpo = 1 - z_sdpo (eq. 11.10). Returns (z_grpo_B, z_sdpo_B) as f32.
 
   ``correct_B`` is c_i (the verifier says the rollout is correct);
   ``has_teacher_B`` is m_i (usable teacher information exists: feedback, a
@@ -48,9 +48,9 @@ def srpo_routes(correct_B: jax.Array, has_teacher_B: jax.Array) -> tuple[jax.Arr
 def srpo_loss(grpo_loss_BR: jax.Array, sdpo_loss_BR: jax.Array, mask_BR: jax.Array,
               z_sdpo_B: jax.Array, *, aggregation: str = "token_mean",
               norms: BatchNorms | None = None) -> WeightedSum:
-  """The routed mixture of eq. 35 as a (numerator, denominator) pair.
+  """The routed mixture of eq. 11.11 as a (numerator, denominator) pair.
 
-  With ``aggregation="token_mean"`` (the spec's normalisation):
+  With ``aggregation="token_mean"`` (eq. 11.11's normalisation):
 
       numerator   = sum_{i,t} m_it [z_grpo_i l_grpo_it + z_sdpo_i l_sdpo_it]
       denominator = sum_{i,t} m_it [z_grpo_i + z_sdpo_i]  (= the token count)
@@ -72,7 +72,7 @@ def srpo_loss(grpo_loss_BR: jax.Array, sdpo_loss_BR: jax.Array, mask_BR: jax.Arr
 def srpo_branch_masks(mask_BR: jax.Array, z_sdpo_B: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Split the response mask by route: (grpo_mask_BR, sdpo_mask_BR), disjoint, union = mask.
 
-  To build eq. 35 from a policy loss that aggregates internally, evaluate the
+  To build eq. 11.11 from a policy loss that aggregates internally, evaluate the
   GRPO loss on ``grpo_mask_BR`` and the SDPO loss on ``sdpo_mask_BR`` with the
   norms of the *full* mask (``aggregation.batch_norms(mask_BR)``) and add the
   two pairs: the shared normaliser makes the sum equal ``srpo_loss``.
@@ -85,9 +85,9 @@ def srpo_branch_masks(mask_BR: jax.Array, z_sdpo_B: jax.Array) -> tuple[jax.Arra
 
 
 def srpo_routed_advantage(adv: jax.Array, gap_BR: jax.Array, z_sdpo_B: jax.Array) -> jax.Array:
-  """A_srpo = z_grpo A_i + z_sdpo Delta_it (eq. 36), detached.
+  """A_srpo = z_grpo A_i + z_sdpo Delta_it (eq. 11.12), detached.
 
-  The spec's bookkeeping view, not SRPO's training loss (that is eq. 35,
+  A bookkeeping view, not SRPO's training loss (that is eq. 11.11,
   ``srpo_loss``): useful as a diagnostic and as a sampled-token variant.
   """
   if z_sdpo_B.shape != gap_BR.shape[:1]:

@@ -1,4 +1,4 @@
-"""Which weights the self-teacher uses, step by step (spec 000 section 6, teacher-move timing).
+"""Which weights the self-teacher uses, step by step (docs/objectives.md section 11.7).
 
 In self-distillation (SDPO, OPSD) the teacher is the student's own network
 under a privileged context, so "which weights" is a choice, and a moving
@@ -11,7 +11,7 @@ its update) and phi_s the teacher's parameters used to score batch s:
   what the privileged context adds).
 * ``refresh``: phi_s = theta_{N floor(s / N)}: held for N steps, then moved
   to the student in one jump. The student consolidates against a fixed target
-  before the teacher moves (teacher-move timing [14]).
+  before the teacher moves (teacher-move timing, Guo et al., 2026).
 * ``ema``:     phi_s = d phi_{s-1} + (1 - d) theta_s, phi_0 = theta_0.
 
 ``teacher_params_for_step`` is a pure, jittable function of the previous

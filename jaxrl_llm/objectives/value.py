@@ -1,4 +1,4 @@
-"""PPO's clipped value loss (spec 003, PPO with a value function).
+"""PPO's clipped value loss (docs/objectives.md eq. 7.5).
 
     L_V = 1/2 max( (V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2 )
 

@@ -1,8 +1,8 @@
-"""Masks and truncations: the factors T and f of W = f * T (spec 002, sec. 1.2, 6).
+"""Masks and truncations: the factors T and f of W = f * T (docs/objectives.md sections 2-4).
 
 Every function takes ratio *values* (the caller stops gradients) and returns
 the weight that multiplies grad log pi(y_t) in the master equation, plus
-boolean diagnostics. Two shapes of bound (spec 002, section 1.2):
+boolean diagnostics. Two shapes of bound (docs/objectives.md section 2):
 
 * masked     M(x) x       : the token keeps weight x inside the range and gets
                             weight 0 (no gradient) once the clip binds;
@@ -24,7 +24,7 @@ from flax import struct
 
 @struct.dataclass
 class PPOWeight:
-  """W = M(x) x with PPO's sign-aware mask (spec 002, sec. 2.2) and dual-clip."""
+  """W = M(x) x with PPO's sign-aware mask and dual-clip (docs/objectives.md eqs. 2.3-2.5)."""
 
   weight: jax.Array  # M * x
   clip_high: jax.Array  # bool: A > 0 and x > 1 + eps_high
@@ -75,7 +75,7 @@ def at_most(log_x, *, cap: float):
 
 
 def topr_weight(rho, adv):
-  """TOPR (spec 002, sec. 4.5): f = 1 if A >= 0, min(rho, 1) if A < 0."""
+  """TOPR (docs/objectives.md eq. 4.5): f = 1 if A >= 0, min(rho, 1) if A < 0."""
   return jnp.where(adv >= 0, 1.0, jnp.minimum(rho, 1.0))
 
 
@@ -94,7 +94,7 @@ def binary_kl(behav_logp, logp):
   """DPPO binary KL(mu || pi_theta) over {sampled token, everything else}.
 
       mu log(mu / pi) + (1 - mu) log((1 - mu) / (1 - pi)),
-  with 0 log 0 = 0 (the direction follows the spec: D compares mu to pi_theta).
+  with 0 log 0 = 0 (docs/objectives.md eq. 4.3b: D compares mu to pi_theta).
   """
   mu = jnp.exp(behav_logp)
   term1 = mu * (behav_logp - logp)
@@ -107,7 +107,7 @@ def binary_kl(behav_logp, logp):
 
 
 def dppo_keep(rho, adv, divergence, *, delta: float):
-  """DPPO mask (spec 002, sec. 4.6): drop a token when it moved past delta in A's direction.
+  """DPPO mask (docs/objectives.md eq. 4.2): drop a token when it moved past delta in A's direction.
 
   M = 0 when (A > 0, rho > 1, D > delta) or (A < 0, rho < 1, D > delta).
   """
@@ -129,7 +129,7 @@ def full_token_kl(p_logp_BRV, q_logp_BRV):
 
 
 def trm_keep(kl_BR, mask_BR, *, max_delta: float | None, mean_delta: float | None):
-  """TRM sequence mask (spec 002, sec. 4.7): keep answer i iff its token KLs pass.
+  """TRM sequence mask (docs/objectives.md eq. 4.4): keep answer i iff its token KLs pass.
 
   max variant : max_t KL_{i,t} <= max_delta
   mean variant: (1/|y_i|) sum_t KL_{i,t} <= mean_delta

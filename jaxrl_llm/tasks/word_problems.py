@@ -15,13 +15,12 @@ one. A base model goes on after its answer (" 12\nQuestion: ..."), so in the
 "qa" format the reward and the format check read the response's first line
 only, as few-shot evaluations stop at the first line break, and that line
 must write the answer's number out: an expression such as "7-5" earns 0
-although math-verify evaluates it to 2 (trained with RL, Gemma 3 270M base
-learned within ten steps to answer with the operation and its operands
-instead of their result). No solved
-examples precede the question: on Gemma 3 270M (base) four of them gave 0.12
-greedy accuracy against 0.08 without (50 held-out problems, within noise) at
-four times the prompt tokens, and the prompt's tokens are most of a step's
-cost. Both formats hold out the same problems.
+although math-verify evaluates it to 2, since RL otherwise teaches a model
+to answer with the operation and its operands instead of their result. No
+solved examples precede the question: they multiply the prompt's tokens,
+which are most of a step's cost, for no accuracy gain that stood out from
+noise (docs/benchmarks.md, "Real checkpoints on a CPU"). Both formats hold
+out the same problems.
 """
 
 from __future__ import annotations

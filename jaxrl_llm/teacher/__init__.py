@@ -1,6 +1,6 @@
 """The teacher: build it, score the student's rollouts with it, and route its
-signal into the update (spec 000 sections 5-6, spec 003 on-policy
-distillation and self-distillation with hints).
+signal into the update (docs/objectives.md section 11: on-policy
+distillation, self-distillation with hints, SRPO, RLSD, the trust knobs).
 
 Where the teacher comes from (``teacher.source``):
 
@@ -17,19 +17,19 @@ Where the teacher comes from (``teacher.source``):
 How the signal enters (``teacher.signal``), all on the student's own samples:
 
 * ``distill``: the loss form, coef * D(p, q) per token (reverse KL, forward
-  KL or JSD(beta), eq. 26-30; over the full vocabulary, or over the teacher's
+  KL or JSD(beta), docs/objectives.md eqs. 11.2-11.5; over the full vocabulary, or over the teacher's
   top-k with ``teacher.topk``), plus rl_coef times the reward policy loss.
 * ``gap_advantage``: the sampled-token advantage form: A_t = rl_coef A_i +
-  coef tau_t Delta_t with Delta the detached teacher gap (eq. 31-33).
+  coef tau_t Delta_t with Delta the detached teacher gap (eqs. 11.7, 11.9).
 * ``srpo``: GRPO on samples routed z_grpo, coef * D on samples routed z_sdpo
-  (eq. 34-35), one shared token normaliser.
+  (eqs. 11.10-11.11), one shared token normaliser.
 * ``rlsd``: reward sets the direction, the clipped teacher gap the magnitude
-  (eq. 37-39).
+  (eqs. 11.13-11.14).
 
-tau is the teacher-confidence weight of eq. 56 (confidence_beta = 0: tau = 1);
+tau is the teacher-confidence weight of eq. 11.17 (confidence_beta = 0: tau = 1);
 ``sign_gate`` multiplies the teacher branch by the SG-OPD sign-consistency gate
-(objectives/teacher.py). With ``route_by_tag`` each task tag has its own
-external teacher (multi-teacher distillation, spec 003); a sample whose tag
+(eq. 11.18, objectives/teacher.py). With ``route_by_tag`` each task tag has its own
+external teacher (multi-teacher distillation, section 11.2); a sample whose tag
 has none gets m_i = 0 (no teacher term; SRPO routes it to GRPO).
 
 This module builds the teacher's weights; the config is config.py, the

@@ -107,7 +107,7 @@ class TeacherConfig:
       raise bad("config.teacher.sign_gate", self.sign_gate, "a bool")
     if self.sign_gate and self.signal == "rlsd":
       raise bad("config.teacher.sign_gate", self.sign_gate, "signal='rlsd' already takes its direction from the reward "
-                 "(eq. 38); the sign gate applies to distill, gap_advantage and srpo")
+                 "(docs/objectives.md eq. 11.13); the sign gate applies to distill, gap_advantage and srpo")
     if "{prompt}" not in self.hint_template or "{answer}" not in self.hint_template:
       raise bad("config.teacher.hint_template", self.hint_template, "must contain {answer} and {prompt}")
     if not 0.0 <= self.jsd_beta <= 1.0:

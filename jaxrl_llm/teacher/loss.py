@@ -1,13 +1,13 @@
-"""The teacher's loss term in the update: coef * z * tau * D(p, q) per token (eq. 26, 35, 41, 57).
+"""The teacher's loss term in the update: coef * z * tau * D(p, q) per token (docs/objectives.md eq. 11.15).
 
 p = softmax(h @ w / T) is the student at the sampling temperature T, q =
-sg[softmax(h_q @ w_q / T)] the teacher on its own context (eq. 25). The
+sg[softmax(h_q @ w_q / T)] the teacher on its own context (eq. 11.1). The
 update gets the teacher as its final hidden states ``teacher_hidden_BRD``
 (``batch.extra_BR``, [B, R, E]) and its output head (``ctx.aux``, [E, V],
 see ``head_key``), never as [B, R, V] log-probs. Per divergence and
 ``kernels.impl``:
 
-* reverse KL(p || q) (eq. 28, 30) and forward KL(q || p) (eq. 27) are
+* reverse KL(p || q) (eq. 11.4) and forward KL(q || p) (eq. 11.3) are
   ``kernels.vocab_cross``'s ``kl_pq`` and ``kl_qp``: streamed over the
   vocabulary, gradient to the student only;
 * JSD_beta needs the mixture M = beta q + (1 - beta) p inside the vocabulary

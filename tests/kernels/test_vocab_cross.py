@@ -66,7 +66,7 @@ def test_forward_and_grad_match_reference(kw, dtype):
 
 
 def test_exact_score_centering_gradient_in_logit_space():
-  """d cross / d z = mu - p (spec 002, 5.2: the drift s_bar in logit space).
+  """d cross / d z = mu - p (docs/objectives.md eq. 8.1: the drift s_bar in logit space).
 
   With w = identity and temperature 1 the hidden states are the logits.
   """

@@ -65,7 +65,7 @@ def test_forward_and_grad_match_reference(kw, tail, dtype):
 
 
 def test_topk_score_centering_gradient_is_the_spec_formula():
-  """Spec 002, "Top-k approximation": grad of cross in logit space is
+  """docs/objectives.md eq. 8.5 (top-k Score Centering): grad of cross in logit space is
   sum_k (mu_k - gamma pi_k) (e_k - pi), gamma = (1 - sum mu_k)/(1 - sum pi_k).
   """
   v = 40

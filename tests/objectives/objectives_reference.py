@@ -1,7 +1,7 @@
 """Independent numpy (float64) references for the objectives tests.
 
-Everything here is written from the spec's formulas (spec 002 master table,
-sections 2-5) keyed by METHOD NAME with the spec's constants, not from the
+Everything here is written from the papers' formulas (docs/objectives.md,
+sections 2-10) keyed by METHOD NAME with the papers' constants, not from the
 library's knobs, so a wrong preset or a wrong transform shows up as a
 mismatch.
 """
@@ -43,7 +43,7 @@ def take(a_BRV, y_BR):
 
 
 def ref_lambda(mask, mode, group_size=G, max_len=None):
-  """lambda_{i,t} of spec 002 (and the Dr. GRPO / PipelineRL variants)."""
+  """lambda_{i,t} of docs/objectives.md section 5 (and the Dr. GRPO / PipelineRL variants)."""
   m = np.asarray(mask, np.float64)
   n = m.sum(1)
   seqs = (n > 0).sum()
@@ -84,7 +84,7 @@ def full_kl(logp_mu, logp_pi):
 
 
 def spec_weight(name, r, c, rho, a, m, pi_y, mu_y, kl):
-  """W_{i,t} of spec 002's master table for the method `name`."""
+  """W_{i,t} of the method `name` (docs/objectives.md section 10)."""
   grpo = ppo_m(r, a, 0.8, 1.2) * r
   if name in ("reinforce", "rloo", "score_centering"):
     return np.ones_like(r)

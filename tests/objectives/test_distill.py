@@ -1,4 +1,4 @@
-"""Distillation divergences (spec 000 eq. 25-33): values, gradients, endpoints, errors."""
+"""Distillation divergences (docs/objectives.md eqs. 11.1-11.7): values, gradients, endpoints, errors."""
 
 import math
 
@@ -27,8 +27,8 @@ def test_values_match_naive_float64_formulas():
   zs, zt = _logits(0), _logits(1)
   lp, lq = _np_logsoftmax(zs), _np_logsoftmax(zt)
   p, q = np.exp(lp), np.exp(lq)
-  rkl = (p * (lp - lq)).sum(-1)                       # eq. 28
-  fkl = (q * (lq - lp)).sum(-1)                       # eq. 27
+  rkl = (p * (lp - lq)).sum(-1)                       # eq. 11.4
+  fkl = (q * (lq - lp)).sum(-1)                       # eq. 11.3
   beta = 0.3
   m = beta * q + (1 - beta) * p
   jsd = beta * (q * (lq - np.log(m))).sum(-1) + (1 - beta) * (p * (lp - np.log(m))).sum(-1)
@@ -52,7 +52,7 @@ def test_reverse_kl_gradient_equals_full_vocab_advantage_form_exactly():
   g_kl = jax.grad(lambda z: jnp.sum(distill.reverse_kl(jax.nn.log_softmax(z), lt)))(zs)
   g_sur = jax.grad(lambda z: jnp.sum(distill.reverse_kl_surrogate(jax.nn.log_softmax(z), lt)))(zs)
   # Hand formula: d/dz_j sum_a p_a (log p_a - log q_a) = p_j (A_j' ) with
-  # A'_j = (log p_j - log q_j) - KL(p||q), i.e. minus the eq. 32 coefficient, centred.
+  # A'_j = (log p_j - log q_j) - KL(p||q), i.e. minus the eq. 11.6 coefficient, centred.
   lp = jax.nn.log_softmax(zs)
   p = jnp.exp(lp)
   kl = jnp.sum(p * (lp - lt), axis=-1, keepdims=True)
@@ -62,7 +62,7 @@ def test_reverse_kl_gradient_equals_full_vocab_advantage_form_exactly():
 
 
 def test_reverse_kl_gradient_equals_sampled_token_advantage_form_in_expectation():
-  """Eq. 31: -grad RKL = E_{y~p}[(log q(y) - log p(y)) grad log p(y)], Monte Carlo."""
+  """Eq. 11.6: -grad RKL = E_{y~p}[(log q(y) - log p(y)) grad log p(y)], Monte Carlo."""
   zs = _logits(6, shape=(V,))
   lt = jax.nn.log_softmax(_logits(7, shape=(V,)))
   n = 200_000

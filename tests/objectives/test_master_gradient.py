@@ -1,12 +1,12 @@
-"""For EVERY preset: jax.grad of the loss w.r.t. the logits == spec 002's gradient.
+"""For EVERY preset: jax.grad of the loss w.r.t. the logits == the master equation's gradient.
 
-The expected gradient is written out in logit space (spec 002, section 5.2:
-grad_z log pi(y) = e_y - pi), loss = -J:
+The expected gradient (docs/objectives.md eq. 9.1) is written out in logit space
+(grad_z log pi(y) = e_y - pi), loss = -J:
 
     dL/dz_{i,t} = -lambda_{i,t} A_{i,t} [ W_{i,t} (e_y - pi) - kappa ( mu*W_v - pi sum_v mu_v W_v ) ]
 
 with W from the master table (objectives_reference.spec_weight, keyed by
-method name with the spec's constants) and lambda from each method's
+method name with the papers' constants) and lambda from each method's
 objective. The batch mixes in-range and out-of-range ratios (asserted
 below), both advantage signs, ragged lengths and a pure-padding row.
 """
@@ -19,7 +19,7 @@ import pytest
 import objectives_reference as ref
 from jaxrl_llm.objectives import PRESETS, centering_exact, get_preset, policy_loss, ratios
 
-# lambda of each method's objective in spec 002 (sections 2-5). Where the paper
+# lambda of each method's objective (docs/objectives.md sections 5 and 10). Where the paper
 # states no normaliser (SAO, DPPO: a bare sum; Score Centering: sum over
 # answers) the preset's documented choice is used.
 SPEC_LAMBDA = {
@@ -135,7 +135,7 @@ def test_batch_mixes_in_and_out_of_range():
 
 
 def _literal_objective(name, logp, prox, behav, a, m):
-  """The papers' own surrogates J per token (spec 002 sections 2-4), written with jnp."""
+  """The papers' own surrogates J per token (docs/objectives.md sections 2-4), written with jnp."""
   sg = jax.lax.stop_gradient
   r, c, rho = jnp.exp(logp - prox), jnp.exp(prox - behav), jnp.exp(logp - behav)
 

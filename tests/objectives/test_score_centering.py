@@ -1,4 +1,4 @@
-"""Score Centering (spec 002, section 5.2): drift, zero mean, top-k approximation.
+"""Score Centering (docs/objectives.md section 8): drift, zero mean, top-k approximation.
 
 A prefix's expected update under mu is obtained by enumeration: row v of a
 batch samples token v at the same prefix, and rows are weighted by mu(v).
@@ -66,7 +66,7 @@ def test_centred_update_has_zero_mean_under_mu(name):
 
 
 def test_clipping_reintroduces_drift_and_is_cancels_it():
-  # spec 002 sec. 5.2: E_mu[rho s] = 0 (raw IS), but E_mu[min(rho, C) s] != 0.
+  # docs/objectives.md section 8: E_mu[rho s] = 0 (raw IS), but E_mu[min(rho, C) s] != 0.
   raw_is = get_preset("tis_sc", correction="is", kappa=0)
   np.testing.assert_allclose(expected_update(raw_is, PI_LOGITS, MU_LOGITS, 1.0), np.zeros(5), atol=2e-7)
   tis = get_preset("tis_sc", kappa=0)
@@ -98,7 +98,7 @@ def test_topk_with_k_equal_v_is_exact(name):
 
 
 def test_topk_gradient_matches_spec_gamma_formula():
-  # spec 002 sec. 5.2: grad = sum_{v in top-k} (mu_v - gamma pi_v) s_v, s_v = e_v - pi in logit space,
+  # docs/objectives.md eq. 8.5: grad = sum_{v in top-k} (mu_v - gamma pi_v) s_v, s_v = e_v - pi in logit space,
   # gamma = (1 - sum_topk mu) / (1 - sum_topk pi).
   cfg = get_preset("score_centering")
   z, behav_full = _random_dists(2, (1, 1, 8))

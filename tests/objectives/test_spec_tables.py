@@ -1,4 +1,4 @@
-"""The spec's tables, exactly: GRPO's four quadrants, DAPO vs CISPO, on-policy invariance.
+"""docs/objectives.md section 2's tables, exactly: GRPO's four quadrants, DAPO vs CISPO, on-policy invariance.
 
 d loss / d log pi(y_t) = -lambda A W (loss = -J), so the gradient w.r.t. the
 per-token log-prob reads off W directly.
@@ -32,7 +32,7 @@ def grad_wrt_logp(cfg, r, adv):
 
 
 def test_grpo_four_quadrants():
-  # spec 002 section 2.2 table, eps = 0.2: rows (A, r) -> gradient flows or is 0.
+  # docs/objectives.md eq. 2.4 table, eps = 0.2: rows (A, r) -> gradient flows or is 0.
   adv = [1.0, 1.0, -1.0, -1.0]
   r = [1.5, 0.6, 1.5, 0.6]
   # weights: A>0 & r>1.2: clipped (0); A>0 & r<0.8: flows (W = r = 0.6);
@@ -42,7 +42,7 @@ def test_grpo_four_quadrants():
   np.testing.assert_allclose(g, -np.array(adv) * np.array(w) / 4, rtol=1e-6, atol=1e-7)
 
 
-DAPO_CISPO_CASES = [  # spec 002 section 2.5 table, bounds [0.8, 1.28]: (A sign, r, DAPO W, CISPO W)
+DAPO_CISPO_CASES = [  # docs/objectives.md section 2 table, bounds [0.8, 1.28]: (A sign, r, DAPO W, CISPO W)
     (+1.0, 1.1, 1.1, 1.1),
     (+1.0, 1.5, 0.0, 1.28),
     (+1.0, 0.6, 0.6, 0.8),

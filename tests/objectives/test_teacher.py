@@ -1,4 +1,5 @@
-"""Teacher trust knobs: RLSD (eq. 37-40), confidence tau (eq. 55-56), sign gate, schedules."""
+"""Teacher trust knobs (docs/objectives.md): RLSD (eqs. 11.13-11.14), confidence tau (eqs. 11.16-11.17), sign gate,
+schedules."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""SRPO routing (eq. 34-36), multi-teacher routing by task tag, teacher inputs."""
+"""SRPO routing (docs/objectives.md eqs. 11.10-11.12), multi-teacher routing by task tag, teacher inputs."""
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +31,7 @@ def test_srpo_routed_normalisation_hand_case():
   out = srpo_loss(GRPO_BR, SDPO_BR, MASK_BR, z_sdpo)
   # Row 1 (failed, has teacher) takes SDPO: 0.3 + 0.4 + 0.5 = 1.2.
   # Rows 0, 2, 3 take GRPO: (1 + 2) + 6 + (7 + 8) = 24. Tokens: 2 + 3 + 1 + 2 = 8.
-  # Eq. 35: (24 + 1.2) / 8 = 3.15; denominator share 1 (one batch).
+  # Eq. 11.11: (24 + 1.2) / 8 = 3.15; denominator share 1 (one batch).
   np.testing.assert_allclose(out.numerator, 25.2 / 8, rtol=1e-6)
   np.testing.assert_allclose(out.denominator, 1.0)
   np.testing.assert_allclose(out.value(), 3.15, rtol=1e-6)
@@ -41,7 +41,7 @@ def test_srpo_routed_normalisation_hand_case():
 
 
 def test_srpo_branch_masks_with_the_policy_loss_equal_the_routed_loss():
-  """Eq. 35 via the master-equation policy loss evaluated on each branch's mask."""
+  """Eq. 11.11 via the master-equation policy loss evaluated on each branch's mask."""
   _, z_sdpo = srpo_routes(CORRECT_B, HAS_TEACHER_B)
   grpo_mask, sdpo_mask = srpo_branch_masks(MASK_BR, z_sdpo)
   np.testing.assert_array_equal(grpo_mask | sdpo_mask, MASK_BR)
@@ -65,7 +65,7 @@ def test_srpo_routed_advantage_and_bad_input():
   gap_BR = jnp.full(MASK_BR.shape, -0.25)
   adv_B = jnp.array([1.0, -0.5, 2.0, -1.0])
   a = srpo_routed_advantage(adv_B, gap_BR, z_sdpo)
-  np.testing.assert_allclose(a, [[1.0] * 3, [-0.25] * 3, [2.0] * 3, [-1.0] * 3])  # eq. 36
+  np.testing.assert_allclose(a, [[1.0] * 3, [-0.25] * 3, [2.0] * 3, [-1.0] * 3])  # eq. 11.12
   with pytest.raises(ValueError, match=r"correct_B must be 0/1.*\[0, 1, 2\]"):
     srpo_routes(jnp.array([0, 1, 2, 1]), HAS_TEACHER_B)
   with pytest.raises(ValueError, match="must match"):

@@ -1,5 +1,5 @@
 """policy_loss's per-token factors (`PolicyLoss.tokens`) are the ones its loss used,
-for every preset: each equals spec 002's formula written out (objectives_reference,
+for every preset: each equals the formula of docs/objectives.md written out (objectives_reference,
 keyed by method name), the loss's value is -sum lambda A W of those factors, and
 jax.grad of the loss w.r.t. log pi_theta(y) is -lambda A W token by token."""
 
@@ -11,7 +11,8 @@ import pytest
 import objectives_reference as ref
 from jaxrl_llm.objectives import PRESETS, batch_norms, centering_exact, get_preset, policy_loss
 
-# The normaliser each preset uses (spec 002; test_master_gradient.SPEC_LAMBDA states the sources).
+# The normaliser each preset uses (docs/objectives.md section 5; test_master_gradient.SPEC_LAMBDA states the
+# sources).
 LAMBDA = {name: get_preset(name).aggregation for name in PRESETS}
 B = ref.make_batch(0)
 
