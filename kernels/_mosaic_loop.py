@@ -46,8 +46,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxrl_llm.kernels import _mosaic_budget
-from jaxrl_llm.kernels._xla_loop import (Tile, _onehot_gather, _out_struct,
-                                         _reduce_like)
+from jaxrl_llm.kernels._xla_loop import (Tile, onehot_gather, out_struct,
+                                        reduce_like)
 from jaxrl_llm.kernels.config import MASK_VALUE, VocabTiles
 
 _NN = (((1,), (0,)), ((), ()))  # a @ b
@@ -93,7 +93,7 @@ def _tile(h_vals, w_vals, temps, j, bv: int, v: int) -> Tile:
   zs = tuple(
       jnp.where(valid_1C, _dot(h, w, _NN) * (1.0 / t), MASK_VALUE)
       for h, w, t in zip(h_vals, w_vals, temps))
-  return Tile(zs, cols_1C, valid_1C, *_onehot_gather(cols_1C, valid_1C))
+  return Tile(zs, cols_1C, valid_1C, *onehot_gather(cols_1C, valid_1C))
 
 
 def _specs(sources, rows_flat, bn: int, bv: int, row_block, col_block):
@@ -174,7 +174,7 @@ def forward(sources, step_fn, init_fn, rows, *, tiles: VocabTiles,
                      for c in carry_flat],
           scratch_shapes=[pltpu.VMEM((bn, c.shape[1]), c.dtype)
                           for c in carry_flat]),
-      out_shape=[_out_struct((n, c.shape[1]), c.dtype, inputs)
+      out_shape=[out_struct((n, c.shape[1]), c.dtype, inputs)
                  for c in carry_flat],
       name="vocab_stream_fwd_tpu",
       **_params(("parallel", "arbitrary"), plan, interpret),
@@ -242,7 +242,7 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret):
                           lambda i, j: j),
           out_specs=pl.BlockSpec((bn, h0.shape[1]), lambda i, j: (i, 0)),
           scratch_shapes=[pltpu.VMEM((bn, h0.shape[1]), jnp.float32)]),
-      out_shape=_out_struct(h0.shape, h0.dtype, inputs),
+      out_shape=out_struct(h0.shape, h0.dtype, inputs),
       name="vocab_stream_bwd_dh_tpu",
       **_params(("parallel", "arbitrary"), dh_plan, interpret),
   )(*inputs)
@@ -281,8 +281,8 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret):
                           lambda j, r: j),
           out_specs=pl.BlockSpec((w0.shape[0], bv), lambda j, r: (0, j)),
           scratch_shapes=[pltpu.VMEM((w0.shape[0], bv), jnp.float32)]),
-      out_shape=_out_struct(w0.shape, w0.dtype, inputs),
+      out_shape=out_struct(w0.shape, w0.dtype, inputs),
       name="vocab_stream_bwd_dw_tpu",
       **_params(("parallel", "arbitrary"), dw_plan, interpret),
   )(*inputs)
-  return _reduce_like(dh, h0), _reduce_like(dw, w0)
+  return reduce_like(dh, h0), reduce_like(dw, w0)

@@ -21,6 +21,7 @@ compare-based gather/scatter (K passes over the tile per id column).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +29,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_llm.kernels._xla_loop import (Tile, _onehot_gather, _out_struct,
-                                         _reduce_like)
+from jaxrl_llm.kernels._xla_loop import (Tile, onehot_gather, out_struct,
+                                        reduce_like)
 from jaxrl_llm.kernels.config import MASK_VALUE, VocabTiles
 
 _HI = lax.Precision.HIGHEST
@@ -43,6 +44,38 @@ def _pad_rows(x, n_pad: int):
   if pad == 0:
     return x
   return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+
+
+class _Layout(NamedTuple):
+  """A call's operands, their rows padded to a multiple of block_n (forward and backward alike)."""
+
+  n: int  # rows before padding
+  v: int
+  n_pad: int
+  dims: list[int]  # each source's D
+  dps: list[int]  # each D padded to a power of two (the block shape)
+  hs: list  # each source's hidden, rows padded
+  ws: list
+  temps: list[float]
+  rows_flat: list  # the row inputs' leaves, rows padded
+  rows_tree: object
+
+
+def _layout(sources, rows, tiles: VocabTiles) -> _Layout:
+  n, v = sources[0][0].shape[0], sources[0][1].shape[1]
+  n_pad = -(-n // tiles.block_n) * tiles.block_n
+  dims = [h.shape[1] for h, _, _ in sources]
+  rows_flat, rows_tree = jax.tree.flatten(rows)
+  return _Layout(n=n, v=v, n_pad=n_pad, dims=dims, dps=[pl.next_power_of_2(d) for d in dims],
+                 hs=[_pad_rows(h, n_pad) for h, _, _ in sources], ws=[w for _, w, _ in sources],
+                 temps=[t for _, _, t in sources], rows_flat=[_pad_rows(r, n_pad) for r in rows_flat],
+                 rows_tree=rows_tree)
+
+
+def _split_refs(refs, n_src: int, n_rows: int):
+  """A kernel's refs -> (hidden refs, w refs, row refs, output refs), in pallas_call's order."""
+  return (refs[:n_src], refs[n_src:2 * n_src], refs[2 * n_src:2 * n_src + n_rows],
+          refs[2 * n_src + n_rows:])
 
 
 def _row_spec(shape, bn: int):
@@ -78,25 +111,14 @@ def forward(sources, step_fn, init_fn, rows, *, tiles: VocabTiles,
   ``init_fn(block_n)`` builds the per-row-block carry inside the kernel; the
   final carry (leaves with leading dim N) is returned.
   """
-  n = sources[0][0].shape[0]
-  v = sources[0][1].shape[1]
+  n, v, n_pad, dims, dps, hs, ws, temps, rows_flat, rows_tree = _layout(sources, rows, tiles)
   bn, bv = tiles.block_n, tiles.block_v
-  n_pad = -(-n // bn) * bn
   n_src = len(sources)
-  dims = [h.shape[1] for h, _, _ in sources]
-  dps = [pl.next_power_of_2(d) for d in dims]
-  hs = [_pad_rows(h, n_pad) for h, _, _ in sources]
-  ws = [w for _, w, _ in sources]
-  temps = [t for _, _, t in sources]
-  rows_flat, rows_tree = jax.tree.flatten(rows)
-  rows_flat = [_pad_rows(r, n_pad) for r in rows_flat]
   carry_shapes = jax.eval_shape(lambda: init_fn(bn))
   carry_flat_shapes, carry_tree = jax.tree.flatten(carry_shapes)
 
   def kernel(*refs):
-    h_refs, w_refs = refs[:n_src], refs[n_src:2 * n_src]
-    row_refs = refs[2 * n_src:2 * n_src + len(rows_flat)]
-    out_refs = refs[2 * n_src + len(rows_flat):]
+    h_refs, w_refs, row_refs, out_refs = _split_refs(refs, n_src, len(rows_flat))
     h_tiles = [_load_h(r, d) for r, d in zip(h_refs, dims)]
     row_vals = jax.tree.unflatten(rows_tree, [r[...] for r in row_refs])
 
@@ -105,7 +127,7 @@ def forward(sources, step_fn, init_fn, rows, *, tiles: VocabTiles,
               for h, w_ref, d, t in zip(h_tiles, w_refs, dims, temps)]
       zs = tuple(o[0] for o in outs)
       tile = Tile(zs, outs[0][2], outs[0][3],
-                  *_onehot_gather(outs[0][2], outs[0][3]))
+                  *onehot_gather(outs[0][2], outs[0][3]))
       return step_fn(carry, tile, row_vals)
 
     carry = lax.fori_loop(0, pl.cdiv(v, bv), body, init_fn(bn))
@@ -115,7 +137,7 @@ def forward(sources, step_fn, init_fn, rows, *, tiles: VocabTiles,
   in_specs = ([pl.BlockSpec((bn, dp), lambda i: (i, 0)) for dp in dps]
               + [pl.BlockSpec((dp, v), lambda i: (0, 0)) for dp in dps]
               + [_row_spec(r.shape, bn) for r in rows_flat])
-  out_shape = [_out_struct((n_pad,) + s.shape[1:], s.dtype, hs + ws + rows_flat)
+  out_shape = [out_struct((n_pad,) + s.shape[1:], s.dtype, hs + ws + rows_flat)
                for s in carry_flat_shapes]
   out = pl.pallas_call(
       kernel, grid=(n_pad // bn,), in_specs=in_specs,
@@ -129,18 +151,9 @@ def forward(sources, step_fn, init_fn, rows, *, tiles: VocabTiles,
 def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret: bool):
   """Pallas version of ``_xla_loop.backward``: (d h, d w) of the first source."""
   h0, w0, t0 = sources[0]
-  n, v = h0.shape[0], w0.shape[1]
+  n, v, n_pad, dims, dps, hs, ws, temps, rows_flat, rows_tree = _layout(sources, rows, tiles)
   bn, bv = tiles.block_n, tiles.block_v
-  n_pad = -(-n // bn) * bn
-  n_src = len(sources)
-  dims = [h.shape[1] for h, _, _ in sources]
-  dps = [pl.next_power_of_2(d) for d in dims]
-  hs = [_pad_rows(h, n_pad) for h, _, _ in sources]
-  ws = [w for _, w, _ in sources]
-  temps = [t for _, _, t in sources]
-  rows_flat, rows_tree = jax.tree.flatten(rows)
-  rows_flat = [_pad_rows(r, n_pad) for r in rows_flat]
-  n_rows = len(rows_flat)
+  n_src, n_rows = len(sources), len(rows_flat)
   inv_t0 = 1.0 / t0  # a Python float: kernels may not capture arrays
 
   def tile_dz(h_tiles, w_refs, j, row_vals):
@@ -148,14 +161,12 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret: bool):
             for h, w_ref, d, t in zip(h_tiles, w_refs, dims, temps)]
     zs = tuple(o[0] for o in outs)
     _, w_DC, cols_1C, valid_1C = outs[0]
-    tile = Tile(zs, cols_1C, valid_1C, *_onehot_gather(cols_1C, valid_1C))
+    tile = Tile(zs, cols_1C, valid_1C, *onehot_gather(cols_1C, valid_1C))
     dz_bC = jnp.where(valid_1C, dz_fn(tile, row_vals), 0.0)
     return dz_bC * inv_t0, w_DC.astype(jnp.float32)
 
   def dh_kernel(*refs):
-    h_refs, w_refs = refs[:n_src], refs[n_src:2 * n_src]
-    row_refs = refs[2 * n_src:2 * n_src + n_rows]
-    (dh_ref,) = refs[2 * n_src + n_rows:]
+    h_refs, w_refs, row_refs, (dh_ref,) = _split_refs(refs, n_src, n_rows)
     h_tiles = [_load_h(r, d) for r, d in zip(h_refs, dims)]
     row_vals = jax.tree.unflatten(rows_tree, [r[...] for r in row_refs])
 
@@ -173,14 +184,12 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret: bool):
                 + [pl.BlockSpec((dp, v), lambda i: (0, 0)) for dp in dps]
                 + [_row_spec(r.shape, bn) for r in rows_flat]),
       out_specs=pl.BlockSpec((bn, dps[0]), lambda i: (i, 0)),
-      out_shape=_out_struct((n_pad, dims[0]), h0.dtype, hs + ws + rows_flat),
+      out_shape=out_struct((n_pad, dims[0]), h0.dtype, hs + ws + rows_flat),
       compiler_params=_TRITON, interpret=interpret, name="vocab_stream_bwd_dh",
   )(*hs, *ws, *rows_flat)
 
   def dw_kernel(*refs):
-    h_refs, w_refs = refs[:n_src], refs[n_src:2 * n_src]
-    row_refs = refs[2 * n_src:2 * n_src + n_rows]
-    (dw_ref,) = refs[2 * n_src + n_rows:]
+    h_refs, w_refs, row_refs, (dw_ref,) = _split_refs(refs, n_src, n_rows)
     j = pl.program_id(0)
 
     def body(r, dw_DC):
@@ -208,7 +217,7 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret: bool):
                 + [pl.BlockSpec(r.shape, functools.partial(
                     lambda nd, j: (0,) * nd, r.ndim)) for r in rows_flat]),
       out_specs=pl.BlockSpec((dps[0], bv), lambda j: (0, j)),
-      out_shape=_out_struct(w0.shape, w0.dtype, hs + ws + rows_flat),
+      out_shape=out_struct(w0.shape, w0.dtype, hs + ws + rows_flat),
       compiler_params=_TRITON, interpret=interpret, name="vocab_stream_bwd_dw",
   )(*hs, *ws, *rows_flat)
-  return _reduce_like(dh[:n], h0), _reduce_like(dw, w0)
+  return reduce_like(dh[:n], h0), reduce_like(dw, w0)

@@ -47,7 +47,7 @@ class Tile(NamedTuple):
   scatter: Callable
 
 
-def _onehot_gather(cols_1C, valid_1C):
+def onehot_gather(cols_1C, valid_1C):
   """Gather/scatter by comparing ids with the column ids: one pass over the
   tile per id column. Written with iota selects instead of slices and
   concatenation so that Triton can lower it."""
@@ -104,7 +104,7 @@ def _indexed_gather(start, lo, c: int):
 
 def _make_tile(zs, start, j, cols_1C, valid_1C, c: int, k: int):
   if k <= 1:
-    gather, scatter = _onehot_gather(cols_1C, valid_1C)
+    gather, scatter = onehot_gather(cols_1C, valid_1C)
   else:
     gather, scatter = _indexed_gather(start, j * c, c)
   return Tile(zs, cols_1C, valid_1C, gather, scatter)
@@ -140,7 +140,7 @@ def _vary_like(tree, refs):
   return jax.tree.map(vary, tree)
 
 
-def _out_struct(shape, dtype, inputs):
+def out_struct(shape, dtype, inputs):
   """A pallas_call output's type. Inside shard_map (check_vma) it must say
   which mesh axes it varies over: those its inputs vary over. Outside, that
   set is empty."""
@@ -150,7 +150,7 @@ def _out_struct(shape, dtype, inputs):
   return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
 
 
-def _reduce_like(ct, primal):
+def reduce_like(ct, primal):
   """Sums a cotangent over the axes its primal is replicated on (shard_map):
   each device holds the contribution of its own rows."""
   extra = tuple(sorted(_vma(ct) - _vma(primal)))
@@ -229,5 +229,5 @@ def backward(sources, dz_fn, rows, *, chunk_v: int):
   init = (jnp.zeros(h_ND.shape, jnp.float32), jnp.zeros(w_DV.shape, jnp.float32))
   init = _vary_like(init, (sources, rows))
   dh_ND, dw_DV = lax.fori_loop(0, n_chunks, body, init)
-  return (_reduce_like(dh_ND, h_ND).astype(h_ND.dtype),
-          _reduce_like(dw_DV, w_DV).astype(w_DV.dtype))
+  return (reduce_like(dh_ND, h_ND).astype(h_ND.dtype),
+          reduce_like(dw_DV, w_DV).astype(w_DV.dtype))

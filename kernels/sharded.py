@@ -15,8 +15,9 @@ results are combined exactly:
 - expectations under p mix the shards' local expectations with the weights
   exp(lse_s - lse): E_p[z] = sum_s exp(lse_s - lse) E_{p_s}[z], which gives the
   entropy H = lse - E_p[z];
-- top-k: each shard's top-k (as global ids and logits) are gathered and the
-  K largest of the S * K candidates kept (ties to the lower id, as unsharded);
+- top-k: each shard's top min(K, V_s) (as global ids and logits) are
+  gathered and the K largest of the candidates kept (ties to the lower id, as
+  unsharded);
 - cross terms against q (``vocab_cross``): the same mixing on both sides, with
   q's per-shard log-normaliser; top-k cross terms (``vocab_cross_topk``) reduce
   to ``gather_logprobs`` and so to the rules above.
@@ -34,8 +35,9 @@ costs 3 / S of the unsharded stream per device. Fusing the normalisers into
 the ops' outputs would bring both to one pass.
 
 Rows (tokens) are split over ``row_axes`` (data parallel) and must divide by
-their size; ``w_DV`` is taken as P(None, vocab_axis): a head that is also
-split along D (fsdp) is gathered along D only, never along V.
+their size (``VocabOps`` pads them to a multiple, masked); ``w_DV`` is taken
+as P(None, vocab_axis): a head that is also split along D (fsdp) is gathered
+along D only, never along V.
 """
 
 from __future__ import annotations
@@ -51,8 +53,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from jaxrl_llm.kernels.config import VocabTiles, check_hidden_w, check_mask, check_temperature, resolve_impl
 from jaxrl_llm.kernels.token_logprobs import TokenLogprobs, gather_logprobs, token_logprobs
 from jaxrl_llm.kernels.vocab_cross import VocabCross, apply_mask, vocab_cross
-from jaxrl_llm.kernels.vocab_cross_topk import _check as _check_cross_topk
-from jaxrl_llm.kernels.vocab_cross_topk import _renormalized_terms, _rescale_terms, vocab_cross_topk
+from jaxrl_llm.kernels.vocab_cross_topk import check_cross_topk, cross_topk_terms, vocab_cross_topk
 from jaxrl_llm.kernels.vocab_topk import VocabTopK, vocab_topk
 
 _sg = lax.stop_gradient
@@ -90,10 +91,12 @@ class VocabSharding:
   def check(self, n: int, v: int) -> None:
     if v % self.n_shards:
       raise ValueError(f"vocabulary size V={v} is not divisible by the {self.vocab_axis!r} mesh axis "
-                       f"of size {self.n_shards}")
+                       f"of size {self.n_shards} (mesh {dict(self.mesh.shape)}): pad the head's columns to a "
+                       f"multiple of {self.n_shards} (a model's vocab_multiple) or use a smaller "
+                       f"{self.vocab_axis!r} axis")
     if n % self.n_row_shards:
       raise ValueError(f"rows N={n} are not divisible by the row mesh axes {self.row_axes} "
-                       f"(size {self.n_row_shards})")
+                       f"(size {self.n_row_shards}): pad them to a multiple, masked (VocabOps does)")
 
   @property
   def rows(self) -> P:
@@ -207,18 +210,19 @@ def vocab_topk_sharded(hidden_ND, w_DV, *, k: int, sharding: VocabSharding, temp
                        interpret=None) -> VocabTopK:
   """``vocab_topk`` with ``w_DV``'s columns split over ``sharding.vocab_axis``.
 
-  Needs k <= V / n_shards (every shard proposes its own top-k)."""
+  Every shard proposes its own top min(k, V / n_shards): the global top k
+  are among them."""
   n, _, v = check_hidden_w(hidden_ND, w_DV)
   temperature = check_temperature(temperature)
   mask_N = check_mask(mask_N, n)
   sharding.check(n, v)
   axis, v_s = sharding.vocab_axis, v // sharding.n_shards
-  if not isinstance(k, int) or not 1 <= k <= v_s:
-    raise ValueError(f"k={k!r}: must be an int in [1, V / shards = {v_s}]")
+  if not isinstance(k, int) or not 1 <= k <= v:
+    raise ValueError(f"k={k!r}: must be an int in [1, V = {v}]")
 
   def body(h, w, mask):
     opts = dict(temperature=temperature, mask_N=mask, impl=impl, tiles=tiles, interpret=interpret)
-    local = vocab_topk(h, w, k=k, **opts)
+    local = vocab_topk(h, w, k=min(k, v_s), **opts)
     out = gather_logprobs(h, w, local.ids, **opts)  # the same log-probs, and this shard's lse
     z_NK = out.logp + out.lse[:, None]
     ids_NK = local.ids + lax.axis_index(axis) * v_s
@@ -281,15 +285,10 @@ def vocab_cross_topk_sharded(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *, tail: str,
                              tiles: VocabTiles | None = None, interpret=None) -> VocabCross:
   """``vocab_cross_topk`` with ``w_DV``'s columns split: its terms need only log p at
   the K ids and p's entropy, i.e. the sharded ``gather_logprobs``."""
-  mask_N = _check_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N)
+  mask_N = check_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N)
   out = gather_logprobs_sharded(hidden_ND, w_DV, q_ids_NK, sharding=sharding, temperature=temperature,
                                 impl=impl, tiles=tiles, interpret=interpret)
-  lq_NK = _sg(q_logp_NK.astype(jnp.float32))
-  if tail == "rescale":
-    terms = _rescale_terms(out.logp, out.entropy, lq_NK, tail_tol)
-  else:
-    terms = _renormalized_terms(out.logp, lq_NK)
-  return apply_mask(terms, mask_N)
+  return cross_topk_terms(out, q_logp_NK, tail=tail, tail_tol=tail_tol, mask_N=mask_N)
 
 
 # ------------------------------------------------------------ the dispatch
@@ -300,11 +299,14 @@ class VocabOps:
   """The five ops with one implementation choice and, optionally, a vocabulary split.
 
   Each method takes the op's own arguments (less ``impl`` / ``interpret`` /
-  ``tiles``). With ``sharding`` set, a call whose rows and columns divide by
-  the mesh runs the sharded op above; any other call (no sharding, or shapes
-  that do not divide) runs the plain op, which under jit lets XLA place the
-  head as it likes (gathering it when it is split). Values and gradients are
-  the same either way.
+  ``tiles``). With ``sharding`` set and its vocabulary axis larger than 1,
+  every call runs the sharded op above, so no device gathers the whole head:
+  rows that do not divide over the row axes are padded to a multiple (copies
+  of the last row, masked: their outputs are 0 and cut off, so the values and
+  gradients are those of the given rows), and a vocabulary that does not
+  divide over the vocabulary axis is an error naming both. Without a
+  sharding, or with a vocabulary axis of size 1 (the head is then whole on
+  every device anyway), the plain op runs.
   """
 
   impl: str = "auto"
@@ -315,35 +317,36 @@ class VocabOps:
   def _opts(self) -> dict:
     return dict(impl=self.impl, interpret=self.interpret, tiles=self.tiles)
 
-  def _split(self, hidden_ND, w_DV) -> bool:
-    if self.sharding is None or getattr(hidden_ND, "ndim", 0) != 2 or getattr(w_DV, "ndim", 0) != 2:
-      return False
-    n, v = hidden_ND.shape[0], w_DV.shape[1]
-    return v % self.sharding.n_shards == 0 and n % self.sharding.n_row_shards == 0
+  def _run(self, plain, sharded, args: tuple, rows: tuple[int, ...], kw: dict):
+    """``plain(*args, **kw)``, or ``sharded`` on the rows padded to a multiple of
+    the row shards. args: the op's positional arrays (hidden_ND, w_DV, ...);
+    rows: the positions in args of those with a row axis."""
+    if self.sharding is None or self.sharding.n_shards == 1:
+      return plain(*args, **kw, **self._opts())
+    n, _, _ = check_hidden_w(args[0], args[1])
+    mask_N = check_mask(kw.get("mask_N"), n)
+    n_pad = -(-n // self.sharding.n_row_shards) * self.sharding.n_row_shards
+    if n_pad != n:
+      # Copies of the last row: the padded rows' terms stay finite, so their zero
+      # cotangent (they are cut off below) adds exact zeros to every gradient.
+      pad = lambda x, **mode: jnp.pad(x, [(0, n_pad - n)] + [(0, 0)] * (x.ndim - 1), **mode)
+      args = tuple(pad(x, mode="edge") if i in rows else x for i, x in enumerate(args))
+      kw = {**kw, "mask_N": pad(_mask_or_ones(mask_N, n), constant_values=False)}
+    out = sharded(*args, sharding=self.sharding, **kw, **self._opts())
+    return out if n_pad == n else jax.tree.map(lambda x: x[:n], out)
 
   def token_logprobs(self, hidden_ND, w_DV, targets_N, **kw) -> TokenLogprobs:
-    if self._split(hidden_ND, w_DV):
-      return token_logprobs_sharded(hidden_ND, w_DV, targets_N, sharding=self.sharding, **kw, **self._opts())
-    return token_logprobs(hidden_ND, w_DV, targets_N, **kw, **self._opts())
+    return self._run(token_logprobs, token_logprobs_sharded, (hidden_ND, w_DV, targets_N), (0, 2), kw)
 
   def gather_logprobs(self, hidden_ND, w_DV, ids_NK, **kw) -> TokenLogprobs:
-    if self._split(hidden_ND, w_DV):
-      return gather_logprobs_sharded(hidden_ND, w_DV, ids_NK, sharding=self.sharding, **kw, **self._opts())
-    return gather_logprobs(hidden_ND, w_DV, ids_NK, **kw, **self._opts())
+    return self._run(gather_logprobs, gather_logprobs_sharded, (hidden_ND, w_DV, ids_NK), (0, 2), kw)
 
   def vocab_topk(self, hidden_ND, w_DV, *, k: int, **kw) -> VocabTopK:
-    if self._split(hidden_ND, w_DV) and k <= w_DV.shape[1] // self.sharding.n_shards:
-      return vocab_topk_sharded(hidden_ND, w_DV, k=k, sharding=self.sharding, **kw, **self._opts())
-    return vocab_topk(hidden_ND, w_DV, k=k, **kw, **self._opts())
+    return self._run(vocab_topk, vocab_topk_sharded, (hidden_ND, w_DV), (0,), {**kw, "k": k})
 
   def vocab_cross(self, hidden_ND, w_DV, hidden_q_NE, w_q_EV, **kw) -> VocabCross:
-    if self._split(hidden_ND, w_DV):
-      return vocab_cross_sharded(hidden_ND, w_DV, hidden_q_NE, w_q_EV, sharding=self.sharding, **kw,
-                                 **self._opts())
-    return vocab_cross(hidden_ND, w_DV, hidden_q_NE, w_q_EV, **kw, **self._opts())
+    return self._run(vocab_cross, vocab_cross_sharded, (hidden_ND, w_DV, hidden_q_NE, w_q_EV), (0, 2), kw)
 
   def vocab_cross_topk(self, hidden_ND, w_DV, q_ids_NK, q_logp_NK, **kw) -> VocabCross:
-    if self._split(hidden_ND, w_DV):
-      return vocab_cross_topk_sharded(hidden_ND, w_DV, q_ids_NK, q_logp_NK, sharding=self.sharding, **kw,
-                                      **self._opts())
-    return vocab_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, **kw, **self._opts())
+    return self._run(vocab_cross_topk, vocab_cross_topk_sharded, (hidden_ND, w_DV, q_ids_NK, q_logp_NK),
+                     (0, 2, 3), kw)

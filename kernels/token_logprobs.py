@@ -34,7 +34,7 @@ _HI = lax.Precision.HIGHEST
 
 # The Pallas loops by resolved impl (``config.resolve_impl``); both take the
 # same step / dz functions as the chunked-XLA loop.
-_PALLAS_LOOPS = {"pallas_triton": _pallas_loop, "pallas_mosaic": _mosaic_loop}
+PALLAS_LOOPS = {"pallas_triton": _pallas_loop, "pallas_mosaic": _mosaic_loop}
 
 
 @flax.struct.dataclass
@@ -123,7 +123,7 @@ def _stats_step(carry, tile, rows):
   return m_new, s_r1, a_r1, zt_rK
 
 
-def _stats_dz(tile, rows):
+def stats_dz(tile, rows):
   """d z = p (alpha + beta (z - E_p z)) + scatter(g at ids)."""
   lse_r1, ez_r1, alpha_r1, beta_r1, ids_rK, g_rK = rows
   (z_rC,) = tile.zs
@@ -135,11 +135,11 @@ def _stats_dz(tile, rows):
 def _stream_forward(h, w, ids_NK, temperature, impl, tiles, interpret):
   sources = ((h, w, temperature),)
   k = ids_NK.shape[1]
-  if impl in _PALLAS_LOOPS:
-    carry = _PALLAS_LOOPS[impl].forward(sources, _stats_step,
-                                       functools.partial(_stats_init, k=k),
-                                       (ids_NK,), tiles=tiles,
-                                       interpret=interpret)
+  if impl in PALLAS_LOOPS:
+    carry = PALLAS_LOOPS[impl].forward(sources, _stats_step,
+                                      functools.partial(_stats_init, k=k),
+                                      (ids_NK,), tiles=tiles,
+                                      interpret=interpret)
   else:
     carry = _xla_loop.forward(sources, _stats_step,
                               _stats_init(h.shape[0], k), (ids_NK,),
@@ -172,11 +172,11 @@ def _core_bwd(temperature, impl, tiles, interpret, res, cts):
   rows = (lse_N[:, None], ez_N[:, None], alpha_N[:, None], beta_N[:, None],
           ids_NK, g_logp_NK)
   sources = ((h, w, temperature),)
-  if impl in _PALLAS_LOOPS:
-    dh, dw = _PALLAS_LOOPS[impl].backward(sources, _stats_dz, rows,
-                                         tiles=tiles, interpret=interpret)
+  if impl in PALLAS_LOOPS:
+    dh, dw = PALLAS_LOOPS[impl].backward(sources, stats_dz, rows,
+                                        tiles=tiles, interpret=interpret)
   else:
-    dh, dw = _xla_loop.backward(sources, _stats_dz, rows, chunk_v=tiles.chunk_v)
+    dh, dw = _xla_loop.backward(sources, stats_dz, rows, chunk_v=tiles.chunk_v)
   return dh, dw, None
 
 

@@ -11,7 +11,7 @@ Two ways to give q:
 
 - ``vocab_cross``: q = softmax(hidden_q_NE @ w_q_EV / temperature_q), e.g. the
   sampler's mu recomputed by the old policy (exact Score Centering, whose term
-  ``cross`` has gradient sum_v mu(v) s_v, spec 002 section 5.2), a teacher for
+  ``cross`` has gradient sum_v mu(v) s_v, docs/objectives.md eq. 8.2), a teacher for
   full forward/reverse KL distillation, or mu for TRM's full KL. Streams over
   vocabulary tiles with an online log-sum-exp for both distributions; the
   backward recomputes both logit tiles and uses, with q fixed,
@@ -32,7 +32,7 @@ from jaxrl_llm.kernels import _xla_loop
 from jaxrl_llm.kernels.config import (MASK_VALUE, VocabTiles, check_hidden_w,
                                       check_mask, check_temperature,
                                       resolve_impl)
-from jaxrl_llm.kernels.token_logprobs import _PALLAS_LOOPS, full_logits_reference
+from jaxrl_llm.kernels.token_logprobs import PALLAS_LOOPS, full_logits_reference
 
 
 @flax.struct.dataclass
@@ -109,9 +109,9 @@ def _dz(tile, rows):
 
 
 def _stream(sources, impl, tiles, interpret):
-  if impl in _PALLAS_LOOPS:
-    carry = _PALLAS_LOOPS[impl].forward(sources, _step, _init, (), tiles=tiles,
-                                       interpret=interpret)
+  if impl in PALLAS_LOOPS:
+    carry = PALLAS_LOOPS[impl].forward(sources, _step, _init, (), tiles=tiles,
+                                      interpret=interpret)
   else:
     carry = _xla_loop.forward(sources, _step, _init(sources[0][0].shape[0]),
                               (), chunk_v=tiles.chunk_v)
@@ -143,9 +143,9 @@ def _core_bwd(temperature, temperature_q, impl, tiles, interpret, res, cts):
   g_cross, g_pq, g_qp = cts
   rows = tuple(x[:, None] for x in (lse_p, lse_q, kl_pq, g_cross - g_qp, g_pq))
   sources = ((h, w, temperature), (hq, wq, temperature_q))
-  if impl in _PALLAS_LOOPS:
-    dh, dw = _PALLAS_LOOPS[impl].backward(sources, _dz, rows, tiles=tiles,
-                                         interpret=interpret)
+  if impl in PALLAS_LOOPS:
+    dh, dw = PALLAS_LOOPS[impl].backward(sources, _dz, rows, tiles=tiles,
+                                        interpret=interpret)
   else:
     dh, dw = _xla_loop.backward(sources, _dz, rows, chunk_v=tiles.chunk_v)
   # q is stop-gradient: zero cotangents for its inputs.

@@ -5,10 +5,10 @@ only at K ids per token (``q_ids_NK``, ``q_logp_NK``: log-probs normalised over
 the full vocabulary, as the sampler records them) and is stop-gradient. The
 rest of q is fixed by ``tail``:
 
-- ``"rescale"`` (Score Centering's top-k approximation, spec 002 "Top-k
-  approximation"): outside the top-k, q(v) = gamma sg(p(v)) with
+- ``"rescale"`` (Score Centering's top-k approximation, docs/objectives.md
+  eq. 8.5): outside the top-k, q(v) = gamma sg(p(v)) with
   gamma = (1 - sum_k q_k) / (1 - sum_k p_k). Then the gradient of
-  ``cross = sum_v q(v) log p(v)`` is sum_k (q_k - gamma p_k) s_k, the spec's
+  ``cross = sum_v q(v) log p(v)`` is sum_k (q_k - gamma p_k) s_k, the paper's
   top-k estimate of s_bar (because sum_v p(v) s_v = 0), so the SC term of a
   token is ``adv * (logp_y - cross)``. Values need the entropy too:
       cross = sum_k q_k lp_k + gamma (-H(p) - sum_k p_k lp_k)
@@ -35,7 +35,8 @@ import jax.numpy as jnp
 
 from jaxrl_llm.kernels.config import (VocabTiles, check_hidden_w, check_ids,
                                       check_mask)
-from jaxrl_llm.kernels.token_logprobs import (full_logits_reference,
+from jaxrl_llm.kernels.token_logprobs import (TokenLogprobs,
+                                              full_logits_reference,
                                               gather_logprobs)
 from jaxrl_llm.kernels.vocab_cross import VocabCross, apply_mask
 
@@ -43,7 +44,8 @@ CROSS_TOPK_TAILS = ("rescale", "renormalize")
 _sg = jax.lax.stop_gradient
 
 
-def _check(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N):
+def check_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N):
+  """Checks the arguments of ``vocab_cross_topk`` (and its sharded form); -> mask_N."""
   n, _, v = check_hidden_w(hidden_ND, w_DV)
   if tail not in CROSS_TOPK_TAILS:
     raise ValueError(f"tail={tail!r}: must be one of {CROSS_TOPK_TAILS}")
@@ -104,6 +106,18 @@ def _renormalized_terms(lp_NK, lq_NK):
                     kl_qp=jnp.sum(q_NK * (lq_NK - lp_NK), axis=1))
 
 
+def cross_topk_terms(out: TokenLogprobs, q_logp_NK, *, tail: str, tail_tol: float,
+                     mask_N) -> VocabCross:
+  """The terms from ``out``, p's log-probs at q's K ids and p's entropy (from
+  ``gather_logprobs`` or its vocabulary-sharded form), for q's ``q_logp_NK``."""
+  lq_NK = _sg(q_logp_NK.astype(jnp.float32))
+  if tail == "rescale":
+    terms = _rescale_terms(out.logp, out.entropy, lq_NK, tail_tol)
+  else:
+    terms = _renormalized_terms(out.logp, lq_NK)
+  return apply_mask(terms, mask_N)
+
+
 def vocab_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *, tail: str,
                      temperature=1.0, tail_tol: float = 1e-6, mask_N=None,
                      impl="auto", tiles: VocabTiles | None = None,
@@ -117,15 +131,10 @@ def vocab_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *, tail: str,
   impl, tiles, interpret: see ``config``; ids out of range: as in
   ``gather_logprobs`` (ValueError when concrete, NaN under jit).
   """
-  mask_N = _check(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N)
+  mask_N = check_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N)
   out = gather_logprobs(hidden_ND, w_DV, q_ids_NK, temperature=temperature,
                         impl=impl, tiles=tiles, interpret=interpret)
-  lq_NK = _sg(q_logp_NK.astype(jnp.float32))
-  if tail == "rescale":
-    terms = _rescale_terms(out.logp, out.entropy, lq_NK, tail_tol)
-  else:
-    terms = _renormalized_terms(out.logp, lq_NK)
-  return apply_mask(terms, mask_N)
+  return cross_topk_terms(out, q_logp_NK, tail=tail, tail_tol=tail_tol, mask_N=mask_N)
 
 
 def vocab_cross_topk_reference(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *,
@@ -135,7 +144,7 @@ def vocab_cross_topk_reference(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *,
                                interpret=None) -> VocabCross:
   """Plain-jnp oracle: builds q over the full vocabulary and sums over V."""
   del impl, tiles, interpret
-  mask_N = _check(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N)
+  mask_N = check_cross_topk(hidden_ND, w_DV, q_ids_NK, q_logp_NK, tail, tail_tol, mask_N)
   logp_NV = jax.nn.log_softmax(
       full_logits_reference(hidden_ND, w_DV, temperature), axis=-1)
   v = w_DV.shape[1]

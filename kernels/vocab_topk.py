@@ -27,8 +27,8 @@ from jaxrl_llm.kernels import _xla_loop
 from jaxrl_llm.kernels.config import (MASK_VALUE, VocabTiles, check_hidden_w,
                                       check_mask, check_temperature,
                                       resolve_impl)
-from jaxrl_llm.kernels.token_logprobs import (_PALLAS_LOOPS, _stats_dz,
-                                              full_logits_reference)
+from jaxrl_llm.kernels.token_logprobs import (PALLAS_LOOPS, full_logits_reference,
+                                              stats_dz)
 
 
 @flax.struct.dataclass
@@ -131,10 +131,10 @@ def _pallas_step(carry, tile, rows):
 
 def _stream(h, w, k, temperature, impl, tiles, interpret):
   sources = ((h, w, temperature),)
-  if impl in _PALLAS_LOOPS:
-    carry = _PALLAS_LOOPS[impl].forward(sources, _pallas_step,
-                                       functools.partial(_init, k=k), (),
-                                       tiles=tiles, interpret=interpret)
+  if impl in PALLAS_LOOPS:
+    carry = PALLAS_LOOPS[impl].forward(sources, _pallas_step,
+                                      functools.partial(_init, k=k), (),
+                                      tiles=tiles, interpret=interpret)
   else:
     carry = _xla_loop.forward(sources, _xla_step, _init(h.shape[0], k), (),
                               chunk_v=tiles.chunk_v)
@@ -163,10 +163,10 @@ def _core_bwd(k, temperature, impl, tiles, interpret, res, cts):
   rows = (lse_N[:, None], zeros_N1, -jnp.sum(g_NK, axis=1, keepdims=True),
           zeros_N1, ids_NK, g_NK)
   sources = ((h, w, temperature),)
-  if impl in _PALLAS_LOOPS:
-    return _PALLAS_LOOPS[impl].backward(sources, _stats_dz, rows, tiles=tiles,
-                                       interpret=interpret)
-  return _xla_loop.backward(sources, _stats_dz, rows, chunk_v=tiles.chunk_v)
+  if impl in PALLAS_LOOPS:
+    return PALLAS_LOOPS[impl].backward(sources, stats_dz, rows, tiles=tiles,
+                                      interpret=interpret)
+  return _xla_loop.backward(sources, stats_dz, rows, chunk_v=tiles.chunk_v)
 
 
 _core.defvjp(_core_fwd, _core_bwd)

@@ -68,18 +68,18 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
+from harness import emit, load, spawn
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE_CONFIG = os.path.join(REPO, "configs", "examples", "smollm2_word_problems.py")
 FULL = {"prompts": 16, "group_size": 4, "new_tokens": 64, "micro_batch": 16, "rounds": 3}
 QUICK = {"prompts": 2, "group_size": 2, "new_tokens": 8, "micro_batch": 2, "rounds": 1}
-_RESULT = "RESULT "
 
 
 def generated_lengths(new_BR: np.ndarray, eos_ids) -> np.ndarray:
@@ -277,23 +277,7 @@ def _worker(args) -> None:
     with open(args.prep) as f:
       prep = json.load(f)
     result = (_run_ours if args.worker == "ours" else _run_trl)(args, prep)
-  print(_RESULT + json.dumps(result), flush=True)
-
-
-def _spawn(argv: list[str], worker: str, extra: list[str], timeout: float) -> dict:
-  """One child process; its load average before and after is recorded with its result."""
-  before = os.getloadavg()
-  cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", worker, *extra]
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    raise SystemExit(f"bench_rl_step: worker {worker} ran past --child-timeout={timeout:g} s") from None
-  lines = [line for line in proc.stdout.splitlines() if line.startswith(_RESULT)]
-  if proc.returncode or not lines:
-    raise SystemExit(f"bench_rl_step: worker {worker} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-  result = json.loads(lines[-1][len(_RESULT):])
-  result["loadavg_before"], result["loadavg_after"] = before, os.getloadavg()
-  return result
+  emit(result)
 
 
 # ---- the summary -----------------------------------------------------------------------
@@ -379,10 +363,10 @@ def main():
                  "threads": f"torch.set_num_threads({args.torch_threads}); XLA CPU default pool (every core)",
                  "timing": "wall seconds of one step in a fresh process after --warmup-steps steps; "
                            "rounds interleaved, the first side alternating"},
-      "machine": {"cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg()},
+      "machine": {"cpu_count": os.cpu_count(), "start": load()},
   }
   with tempfile.TemporaryDirectory() as tmp:
-    prep = _spawn(argv, "prepare", ["--tmp", tmp], args.child_timeout)
+    prep = spawn(__file__, argv, "prepare", extra=["--tmp", tmp], timeout=args.child_timeout)
     prep_file = os.path.join(tmp, "prep.json")
     with open(prep_file, "w") as f:
       json.dump(prep, f)
@@ -394,7 +378,8 @@ def main():
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for r in range(args.rounds):
       for side in (sides if r % 2 == 0 else sides[::-1]):
-        runs[side].append(_spawn(argv, side, ["--prep", prep_file, "--tmp", tmp], args.child_timeout))
+        runs[side].append(spawn(__file__, argv, side, extra=["--prep", prep_file, "--tmp", tmp],
+                                timeout=args.child_timeout))
         print(f"round {r} {side}: " + json.dumps([round(s["seconds"], 2) for s in runs[side][-1]["steps"]]),
               flush=True)
   for side, rs in runs.items():
@@ -405,8 +390,8 @@ def main():
     results["ours_over_trl_seconds_median"] = o["seconds_per_step_median"] / t["seconds_per_step_median"]
     results["target"] = "ours at most 0.5x TRL's seconds per step"
     results["target_met_median"] = results["ours_over_trl_seconds_median"] <= 0.5
-  results["machine"]["loadavg_end"] = os.getloadavg()
-  busiest = max(r["loadavg_before"][0] for rs in runs.values() for r in rs)
+  results["machine"]["end"] = load()
+  busiest = max(r["load_before"]["loadavg"][0] for rs in runs.values() for r in rs)
   if busiest > os.cpu_count():
     results["machine"]["warning"] = (
         f"1-minute load average up to {busiest:.1f} on {os.cpu_count()} cores before a child: the timings "

@@ -31,7 +31,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,8 @@ from jaxrl_llm.model.hf_io import save_hf
 from jaxrl_llm.model.sharding import MeshConfig, make_mesh, shard_params
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.generate import generate
+
+from harness import emit, load, spawn
 
 
 def _best_time(fn, repeats: int, warmup=None) -> tuple[float, float]:
@@ -108,7 +109,7 @@ def _hf_generate(model, prompt_BP: np.ndarray, new_tokens: int, do_sample: bool)
 def _setup(args):
   """The benchmark's model, params and prompts (deterministic: every worker
   process rebuilds the same ones)."""
-  cfg = ModelConfig.qwen2_10m()
+  cfg = ModelConfig.preset("qwen2_10m")
   params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
   # Non-zero q/k/v biases so the export and both models exercise them.
   layers = dict(params["layers"])
@@ -186,22 +187,7 @@ def _worker(args) -> None:
     result = _run_hf(args, n)
   else:
     result = _run_no_cache(args)
-  print(_RESULT + json.dumps(result), flush=True)
-
-
-_RESULT = "RESULT "
-
-
-def _spawn(argv: list[str], spec: str) -> dict:
-  """Runs one measurement in a child process. Each backend gets a process of
-  its own: an idle XLA or torch thread pool left over from the previous
-  measurement would otherwise share the cores with the next one."""
-  proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--worker", spec],
-                        capture_output=True, text=True)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith(_RESULT)]
-  if proc.returncode or not lines:
-    raise RuntimeError(f"bench_sampler: worker {spec} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-  return json.loads(lines[-1][len(_RESULT):])
+  emit(result)
 
 
 def main():
@@ -238,10 +224,10 @@ def main():
     _worker(args)
     return
 
-  cfg = ModelConfig.qwen2_10m()
+  cfg = ModelConfig.preset("qwen2_10m")
   B, P, R = args.batch, args.prompt_len, args.new_tokens
   results: dict = {
-      "config": {"model": "ModelConfig.qwen2_10m", "num_params": cfg.num_params(),
+      "config": {"model": 'ModelConfig.preset("qwen2_10m")', "num_params": cfg.num_params(),
                  "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
                  "batch": B, "prompt_len": P, "new_tokens": R, "sampling": "temperature 1, no top-k/top-p",
                  "ours_dtype": args.dtype or cfg.param_dtype,
@@ -251,20 +237,22 @@ def main():
                  "rounds": args.rounds,
                  "timing": "best wall time of one full generate call, prefill included, over "
                            "repeats x rounds; each backend and setting in a process of its own"},
-      "machine": {"cpu_count": os.cpu_count(), "loadavg_before": os.getloadavg()},
+      "machine": {"cpu_count": os.cpu_count(), "start": load()},
   }
   argv = sys.argv[1:]
 
   # Every setting of every backend is measured once per round, the rounds
   # interleaved, and its best round kept: a stretch of outside load on the
-  # machine then hurts one round of each side, not all of one side.
+  # machine then hurts one round of each side, not all of one side. Each in a
+  # process of its own: an idle XLA or torch thread pool left over from the
+  # previous measurement would otherwise share the cores with the next one.
   specs = ([f"ours:{n}" for n in args.cpu_devices] * ("ours" not in args.skip)
            + ["no_cache:1"] * ("no_cache" not in args.skip)
            + [f"hf:{n}" for n in args.threads] * ("hf_transformers" not in args.skip))
   runs: dict[str, list[dict]] = {spec: [] for spec in specs}
   for r in range(args.rounds):
     for spec in specs:
-      runs[spec].append(_spawn(argv, spec))
+      runs[spec].append(spawn(__file__, argv, spec))
       print(f"round {r}", spec, runs[spec][-1], flush=True)
   best = {spec: max(rs, key=lambda x: x["tokens_per_s"]) for spec, rs in runs.items()}
   spread = {spec: [round(x["tokens_per_s"], 1) for x in rs] for spec, rs in runs.items()}
@@ -287,7 +275,7 @@ def main():
     results["ours_over_hf"] = results["ours"]["tokens_per_s"] / results["hf_transformers"]["tokens_per_s"]
     results["ours_over_hf_per_cpu_s"] = (results["ours"]["tokens_per_cpu_s"]
                                          / results["hf_transformers"]["tokens_per_cpu_s"])
-  results["machine"]["loadavg_after"] = os.getloadavg()
+  results["machine"]["end"] = load()
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)
   print(json.dumps(results, indent=2))

@@ -38,20 +38,14 @@ import time
 
 import numpy as np
 
+from jaxrl_llm.training.tiny import WARM_TINY_RUN, config_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
 # A small run that still has every stage: SFT, rollouts, updates, saves every 2 steps, evaluations.
-FLAGS = [
-    "--config=configs/gspo.py", "--config.seed=3", f"--config.train.steps={STEPS}",
-    "--config.checkpoint.every_steps=2", "--config.checkpoint.keep_last=3", "--config.eval.every=3",
-    "--config.task.digits=1", "--config.task.n_train=200", "--config.data.format_weight=0.5",
-    "--config.sft.steps=40", "--config.sft.lr=0.02", "--config.sft.warmup_steps=5",
-    "--config.sft.wrong_fraction=0.0", "--config.sft.batch_size=32", "--config.rollout.prompts_per_step=8",
-    "--config.rollout.group_size=4", "--config.eval.n_examples=16", "--config.model.d_model=32",
-    "--config.model.n_layers=1", "--config.model.n_heads=2", "--config.model.n_kv_heads=1",
-    "--config.model.d_ff=64", "--config.train.lr=1e-3", "--config.train.warmup_steps=2",
-    "--config.log.progress=False", "--config.data.reward_timeout_s=2.0",
-]
+FLAGS = ["--config=configs/gspo.py", *config_flags({
+    **WARM_TINY_RUN, "train.steps": STEPS, "sft.steps": 40, "checkpoint.keep_last": 3, "eval.every": 3,
+    "data.reward_timeout_s": 2.0})]
 TIMING = ("time/", "perf/tokens_per_s")
 # Where SIGKILL may land: point -> how many times one run passes it.
 KILL_RANGES = {"sft_step": 40, "rollout": STEPS, "update": STEPS, "checkpoint_save": STEPS // 2, "eval": 3}

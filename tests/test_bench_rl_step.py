@@ -18,6 +18,7 @@ SCRIPT = os.path.join(REPO, "scripts", "bench_rl_step.py")
 
 
 def _load_script():
+  sys.path.insert(0, os.path.dirname(SCRIPT))  # as `python scripts/bench_rl_step.py` has it: harness.py
   spec = importlib.util.spec_from_file_location("bench_rl_step", SCRIPT)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)

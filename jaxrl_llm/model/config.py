@@ -270,95 +270,70 @@ class ModelConfig:
   # -- presets ---------------------------------------------------------------
 
   @classmethod
+  def preset(cls, name: str, **overrides) -> "ModelConfig":
+    """The shape named `name` in `MODEL_PRESETS`, any field overridden
+    (`vocab_size` is required for "tiny", which has none of its own)."""
+    check_choice("ModelConfig.preset", name, MODEL_PRESETS)
+    fields = {**MODEL_PRESETS[name], **overrides}
+    if "vocab_size" not in fields:
+      raise bad("ModelConfig.preset", name, "this preset has no vocabulary of its own: pass vocab_size=")
+    return cls(**fields)
+
+  @classmethod
   def tiny(cls, vocab_size: int, **overrides) -> "ModelConfig":
-    """~0.8M params (plus V x 128 embedding): tests and the built-in task."""
-    base = dict(vocab_size=vocab_size, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
-                head_dim=32, d_ff=384, tie_embeddings=True, max_position=2048)
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def qwen2_10m(cls, vocab_size: int = 8192, **overrides) -> "ModelConfig":
-    """A ~10M-param Qwen2-style model (q/k/v bias, tied): the sampler benchmark."""
-    base = dict(vocab_size=vocab_size, d_model=256, n_layers=10, n_heads=8, n_kv_heads=2,
-                head_dim=32, d_ff=768, rope_theta=1e6, qkv_bias=True, tie_embeddings=True,
-                max_position=4096, family="qwen2")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def qwen2_5_0_5b(cls, **overrides) -> "ModelConfig":
-    base = dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
-                head_dim=64, d_ff=4864, rope_theta=1e6, qkv_bias=True, tie_embeddings=True,
-                norm_eps=1e-6, max_position=32768, family="qwen2")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def qwen2_5_1_5b(cls, **overrides) -> "ModelConfig":
-    base = dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
-                head_dim=128, d_ff=8960, rope_theta=1e6, qkv_bias=True, tie_embeddings=True,
-                norm_eps=1e-6, max_position=32768, family="qwen2")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def qwen2_5_7b(cls, **overrides) -> "ModelConfig":
-    base = dict(vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
-                head_dim=128, d_ff=18944, rope_theta=1e6, qkv_bias=True, tie_embeddings=False,
-                norm_eps=1e-6, max_position=32768, family="qwen2")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def qwen3_0_6b(cls, **overrides) -> "ModelConfig":
-    base = dict(vocab_size=151936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
-                head_dim=128, d_ff=3072, rope_theta=1e6, qk_norm=True, tie_embeddings=True,
-                norm_eps=1e-6, max_position=40960, family="qwen3")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def qwen3_8b(cls, **overrides) -> "ModelConfig":
-    base = dict(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8,
-                head_dim=128, d_ff=12288, rope_theta=1e6, qk_norm=True, tie_embeddings=False,
-                norm_eps=1e-6, max_position=40960, family="qwen3")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def llama3_2_1b(cls, **overrides) -> "ModelConfig":
-    base = dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
-                head_dim=64, d_ff=8192, rope_theta=500000.0,
-                rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
-                tie_embeddings=True, norm_eps=1e-5, max_position=131072, family="llama")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def llama3_1_8b(cls, **overrides) -> "ModelConfig":
-    base = dict(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
-                head_dim=128, d_ff=14336, rope_theta=500000.0,
-                rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
-                tie_embeddings=False, norm_eps=1e-5, max_position=131072, family="llama")
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def gemma3_270m(cls, **overrides) -> "ModelConfig":
-    """Gemma 3 270M (google/gemma-3-270m): 268,098,176 params, 170M of them embedding."""
-    base = dict(vocab_size=262144, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1,
-                head_dim=256, d_ff=2048, sliding_window=512,
-                layer_types=pattern_layer_types(18, 6), **_GEMMA3)
-    return cls(**{**base, **overrides})
-
-  @classmethod
-  def gemma3_1b(cls, **overrides) -> "ModelConfig":
-    """Gemma 3 1B (google/gemma-3-1b-pt / -it), text only."""
-    base = dict(vocab_size=262144, d_model=1152, n_layers=26, n_heads=4, n_kv_heads=1,
-                head_dim=256, d_ff=6912, sliding_window=512,
-                layer_types=pattern_layer_types(26, 6), **_GEMMA3)
-    return cls(**{**base, **overrides})
+    """`preset("tiny")` over a tokenizer's vocabulary: tests and the built-in task."""
+    return cls.preset("tiny", vocab_size=vocab_size, **overrides)
 
 
-# What every Gemma 3 text model shares: GeGLU, (1 + w) sandwich norms and
-# QK-norm, scaled tied embeddings, 1/sqrt(256) attention scaling, RoPE bases
-# 1e6 (global) and 1e4 (local), 32k context.
+# What each family's published checkpoints share. Qwen2 / 2.5: q/k/v biases,
+# RoPE base 1e6, 32k context. Qwen3: QK-norm instead of the biases, 40k
+# context. Llama 3.1 / 3.2: RoPE base 5e5 with llama3 scaling, 128k context.
+# Gemma 3 (text): GeGLU, (1 + w) sandwich norms and QK-norm, scaled tied
+# embeddings, 1/sqrt(256) attention scaling, RoPE bases 1e6 (global) and 1e4
+# (local), 32k context.
+_QWEN2 = dict(rope_theta=1e6, qkv_bias=True, norm_eps=1e-6, max_position=32768, family="qwen2")
+_QWEN3 = dict(rope_theta=1e6, qk_norm=True, norm_eps=1e-6, max_position=40960, family="qwen3")
+_LLAMA3 = dict(rope_theta=500000.0, norm_eps=1e-5, max_position=131072, family="llama")
 _GEMMA3 = dict(rope_theta=1e6, rope_local_theta=1e4, qk_norm=True, tie_embeddings=True,
                norm_eps=1e-6, max_position=32768, family="gemma3", mlp_act="gelu_tanh",
                norm_plus_one=True, sandwich_norm=True, embed_scale=True,
                query_pre_attn_scalar=256)
+
+# Named shapes: name -> ModelConfig fields (`ModelConfig.preset(name, **overrides)`).
+# The real ones are the published checkpoints' config.json, field for field.
+MODEL_PRESETS: dict[str, dict] = {
+    # ~0.8M params (plus V x 128 embedding): tests and the built-in task; no vocabulary
+    # of its own (`ModelConfig.tiny(vocab_size)`).
+    "tiny": dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384,
+                 tie_embeddings=True, max_position=2048),
+    # A ~10M-param Qwen2-style model (q/k/v bias, tied): the sampler benchmark.
+    "qwen2_10m": {**_QWEN2, **dict(vocab_size=8192, d_model=256, n_layers=10, n_heads=8, n_kv_heads=2,
+                                   head_dim=32, d_ff=768, tie_embeddings=True, max_position=4096)},
+    "qwen2_5_0_5b": dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+                         head_dim=64, d_ff=4864, tie_embeddings=True, **_QWEN2),
+    "qwen2_5_1_5b": dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+                         head_dim=128, d_ff=8960, tie_embeddings=True, **_QWEN2),
+    "qwen2_5_7b": dict(vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+                       head_dim=128, d_ff=18944, tie_embeddings=False, **_QWEN2),
+    "qwen3_0_6b": dict(vocab_size=151936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+                       head_dim=128, d_ff=3072, tie_embeddings=True, **_QWEN3),
+    "qwen3_8b": dict(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8,
+                     head_dim=128, d_ff=12288, tie_embeddings=False, **_QWEN3),
+    "llama3_2_1b": dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                        head_dim=64, d_ff=8192, rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
+                        tie_embeddings=True, **_LLAMA3),
+    "llama3_1_8b": dict(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                        head_dim=128, d_ff=14336, rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
+                        tie_embeddings=False, **_LLAMA3),
+    # Gemma 3 270M (google/gemma-3-270m): 268,098,176 params, 170M of them embedding.
+    "gemma3_270m": dict(vocab_size=262144, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1,
+                        head_dim=256, d_ff=2048, sliding_window=512,
+                        layer_types=pattern_layer_types(18, 6), **_GEMMA3),
+    # Gemma 3 1B (google/gemma-3-1b-pt / -it), text only.
+    "gemma3_1b": dict(vocab_size=262144, d_model=1152, n_layers=26, n_heads=4, n_kv_heads=1,
+                      head_dim=256, d_ff=6912, sliding_window=512,
+                      layer_types=pattern_layer_types(26, 6), **_GEMMA3),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,7 +354,7 @@ class ModelSpec:
   param_dtype: str
   compute_dtype: str
   remat: str
-  vocab_multiple: int = 1
+  vocab_multiple: int
 
   def __post_init__(self):
     for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_multiple"):
@@ -410,15 +385,3 @@ class ModelSpec:
                             n_kv_heads=self.n_kv_heads, head_dim=self.d_model // self.n_heads, d_ff=self.d_ff,
                             param_dtype=self.param_dtype, compute_dtype=self.compute_dtype, remat=self.remat_policy)
 
-
-MODEL_PRESETS = {
-    "qwen2_5_0_5b": ModelConfig.qwen2_5_0_5b,
-    "qwen2_5_1_5b": ModelConfig.qwen2_5_1_5b,
-    "qwen2_5_7b": ModelConfig.qwen2_5_7b,
-    "qwen3_0_6b": ModelConfig.qwen3_0_6b,
-    "qwen3_8b": ModelConfig.qwen3_8b,
-    "llama3_2_1b": ModelConfig.llama3_2_1b,
-    "llama3_1_8b": ModelConfig.llama3_1_8b,
-    "gemma3_270m": ModelConfig.gemma3_270m,
-    "gemma3_1b": ModelConfig.gemma3_1b,
-}

@@ -10,8 +10,10 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.teacher.config import TeacherConfig
 from jaxrl_llm.teacher.stage import hint_examples
 
@@ -23,9 +25,20 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
+def _mesh_of(params):
+  """The mesh the student's params are placed on; None where they sit on one device (no mesh)."""
+  sharding = jax.tree.leaves(params)[0].sharding
+  return sharding.mesh if isinstance(sharding, NamedSharding) else None
+
+
 def load_teacher_checkpoint(path: str, student_params, student_cfg: model_lib.ModelConfig,
                             field: str = "checkpoint"):
-  """(params, model_cfg) of an external teacher; same vocabulary as the student or an error."""
+  """(params, model_cfg) of an external teacher; same vocabulary as the student or an error.
+
+  The teacher is placed like the policy: on the student's mesh, by
+  model/sharding.py's rules for its own shapes (a run's workdir restores
+  into the student's shardings), so no device holds its whole [D, V] head.
+  """
   if not os.path.isdir(path):
     raise FileNotFoundError(f"config.teacher.{field}={path!r} does not exist: expected a Hugging "
                             "Face directory (config.json + *.safetensors) or a run's workdir")
@@ -37,8 +50,15 @@ def load_teacher_checkpoint(path: str, student_params, student_cfg: model_lib.Mo
     if cfg.vocab_size != student_cfg.vocab_size:
       raise ValueError(f"config.teacher.{field}={path!r} has vocab_size={cfg.vocab_size} but the student "
                        f"has {student_cfg.vocab_size}: the teacher must use the student's tokenizer")
-    params, cfg = hf_io.load_hf(path, param_dtype=student_cfg.param_dtype)
-    return params, cfg
+    mesh = _mesh_of(student_params)
+    if mesh is None:
+      return hf_io.load_hf(path, param_dtype=student_cfg.param_dtype)
+    try:
+      sharding_lib.check_divisible(cfg, mesh)
+    except ValueError as e:
+      raise ValueError(f"config.teacher.{field}={path!r} cannot be split over the student's mesh: {e}") from e
+    return hf_io.load_hf(path, shardings=lambda c: sharding_lib.param_shardings(c, mesh),
+                         param_dtype=student_cfg.param_dtype)
   try:
     params, _ = ckpt_init.params_from_checkpoint(path, student_params, student_cfg)
   except ValueError as e:  # IncompatibleCheckpointError names the differing fields

@@ -17,19 +17,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from jaxrl_llm.training.tiny import WARM_TINY_RUN, config_flags
+
 STEPS = 4
 # A tiny model, warm-started enough that rewards vary within groups (1-digit
 # sums, a format bonus): the RL updates move the params, so equality is a test.
-FLAGS = [
-    "--config=configs/gspo.py", "--config.seed=3", f"--config.train.steps={STEPS}",
-    "--config.checkpoint.every_steps=2", "--config.task.digits=1", "--config.task.n_train=200",
-    "--config.data.format_weight=0.5", "--config.sft.steps=60", "--config.sft.lr=0.02",
-    "--config.sft.warmup_steps=5", "--config.sft.wrong_fraction=0.0", "--config.sft.batch_size=32",
-    "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=4",
-    "--config.eval.n_examples=16", "--config.model.d_model=32", "--config.model.n_layers=1",
-    "--config.model.n_heads=2", "--config.model.n_kv_heads=1", "--config.model.d_ff=64",
-    "--config.train.lr=1e-3", "--config.train.warmup_steps=2", "--config.log.progress=False",
-]
+FLAGS = ["--config=configs/gspo.py", *config_flags({**WARM_TINY_RUN, "train.steps": STEPS})]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMING = ("time/", "perf/tokens_per_s")
 

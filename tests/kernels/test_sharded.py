@@ -142,28 +142,56 @@ def test_out_of_range_id_is_nan_and_shapes_are_checked(sharding):
     token_logprobs_sharded(h, w[:, :V - 2], bad, sharding=sharding)
   with pytest.raises(ValueError, match="rows N=23"):
     token_logprobs_sharded(h[:23], w, bad[:23], sharding=sharding)
-  with pytest.raises(ValueError, match="k=100"):
-    vocab_topk_sharded(h, w, k=100, sharding=sharding)
+  with pytest.raises(ValueError, match=rf"k={V + 1}: must be an int in \[1, V = {V}\]"):
+    vocab_topk_sharded(h, w, k=V + 1, sharding=sharding)
+
+
+def test_vocab_topk_wider_than_a_shard(sharding):
+  """k = 80 > V / 4 = 72 columns per shard: each shard proposes all its columns."""
+  h, w, *_, mask = _inputs(jnp.float32, seed=5)
+  k = V // sharding.n_shards + 8
+  hs, ws, ms = _place(sharding, h, w, mask)
+  got = _grads(lambda a, b, m: vocab_topk_sharded(a, b, k=k, sharding=sharding, mask_N=m, impl="xla_chunked",
+                                                  tiles=TILES), (0, 1), hs, ws, ms)
+  want = _grads(lambda a, b: kernels.vocab_topk_reference(a, b, k=k, mask_N=mask), (0, 1), h, w)
+  _compare(got, want, jnp.float32, "vocab_topk k > V / shards")
 
 
 def test_vocab_ops_dispatch(sharding):
-  """Every VocabOps method: split when the shapes divide, plain otherwise, the same values."""
+  """Every VocabOps method runs the split op, also on rows that do not divide over the row axes
+  (padded, masked, cut off), with the plain op's values and gradients."""
   h, w, hq, wq, targets, ids, mask = _inputs(jnp.float32, seed=4)
   split, plain = (kernels.VocabOps(impl="xla_chunked", tiles=TILES, sharding=s) for s in (sharding, None))
   q = kernels.vocab_topk_reference(hq, wq, k=K)
   calls = {
-      "token_logprobs": lambda ops, h: ops.token_logprobs(h, w, targets[:h.shape[0]], temperature=0.8),
-      "gather_logprobs": lambda ops, h: ops.gather_logprobs(h, w, ids[:h.shape[0]]),
-      "vocab_topk": lambda ops, h: ops.vocab_topk(h, w, k=K),
-      "vocab_cross": lambda ops, h: ops.vocab_cross(h, w, hq[:h.shape[0]], wq),
-      "vocab_cross_topk": lambda ops, h: ops.vocab_cross_topk(h, w, q.ids[:h.shape[0]], q.logp[:h.shape[0]],
-                                                              tail="rescale"),
+      "token_logprobs": lambda ops, h, w, m: ops.token_logprobs(h, w, targets[:h.shape[0]], temperature=0.8,
+                                                                mask_N=m),
+      "gather_logprobs": lambda ops, h, w, m: ops.gather_logprobs(h, w, ids[:h.shape[0]], mask_N=m),
+      "vocab_topk": lambda ops, h, w, m: ops.vocab_topk(h, w, k=K, mask_N=m),
+      "vocab_cross": lambda ops, h, w, m: ops.vocab_cross(h, w, hq[:h.shape[0]], wq, mask_N=m),
+      "vocab_cross_topk": lambda ops, h, w, m: ops.vocab_cross_topk(h, w, q.ids[:h.shape[0]], q.logp[:h.shape[0]],
+                                                                    tail="rescale", mask_N=m),
   }
   for name, call in calls.items():
-    for rows in (N, N - 1):  # N - 1 rows do not divide over data=2: the plain op runs
-      got, want = call(split, h[:rows]), call(plain, h[:rows])
-      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        if jnp.issubdtype(b.dtype, jnp.integer):
-          np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
-        else:
-          assert_close(a, b, TOLERANCES[jnp.float32]["fwd"], f"{name} rows={rows}")
+    for rows in (N, N - 1):  # N - 1 = 23 rows do not divide over data=2: padded to 24
+      for m in (None, mask[:rows]):
+        run = lambda ops: _grads(lambda a, b: call(ops, a, b, m), (0, 1), h[:rows], w)
+        jaxpr = str(jax.make_jaxpr(lambda a: call(split, a, w, m))(h[:rows]))
+        assert "shard_map" in jaxpr, f"{name} rows={rows}: the plain op ran"
+        _compare(run(split), run(plain), jnp.float32, f"{name} rows={rows}")
+
+
+def test_vocab_ops_vocabulary_that_does_not_divide_is_an_error(sharding):
+  h, w, _, _, targets, *_ = _inputs(jnp.float32)
+  ops = kernels.VocabOps(impl="xla_chunked", tiles=TILES, sharding=sharding)
+  with pytest.raises(ValueError, match=r"V=286 is not divisible by the 'tensor' mesh axis of size 4 "
+                                       r"\(mesh .*\): pad the head's columns to a multiple of 4"):
+    ops.token_logprobs(h, w[:, :V - 2], targets)
+
+
+def test_vocab_ops_on_a_vocabulary_axis_of_one_run_the_plain_op():
+  """tensor = 1: the head is whole on every device; the plain op is the same program, no shard_map."""
+  h, w, _, _, targets, *_ = _inputs(jnp.float32)
+  ops = kernels.VocabOps(impl="xla_chunked", tiles=TILES,
+                         sharding=VocabSharding(make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))))
+  assert "shard_map" not in str(jax.make_jaxpr(lambda a: ops.token_logprobs(a, w, targets[:N - 1]))(h[:N - 1]))

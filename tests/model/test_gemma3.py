@@ -216,7 +216,7 @@ def test_embedding_scale_is_rounded_like_transformers():
   """sqrt(640) = 25.298 is rounded to the compute dtype before the product
   (bf16: 25.25), as Gemma3TextScaledWordEmbedding does."""
   from jaxrl_llm.model import embed
-  cfg = ModelConfig.gemma3_270m(vocab_size=3, param_dtype="bfloat16", compute_dtype="bfloat16")
+  cfg = ModelConfig.preset("gemma3_270m", vocab_size=3, param_dtype="bfloat16", compute_dtype="bfloat16")
   table = np.array(jax.random.normal(jax.random.key(5), (3, 640)), np.float32)  # a writable copy
   ours = embed({"embed_VD": jnp.asarray(table, jnp.bfloat16)}, cfg, jnp.asarray([[2, 0, 1]]))
   ref_module = transformers.models.gemma3.modeling_gemma3.Gemma3TextScaledWordEmbedding(
@@ -313,16 +313,15 @@ def test_param_count_and_presets(gemma_dir):
   # Gemma 3 270M: embed 262144 * 640 = 167,772,160; per layer q/o 2 * 640 * 1024,
   # k/v 2 * 640 * 256, MLP 3 * 640 * 2048, norms 4 * 640 + 2 * 256 = 5,573,632,
   # x 18 = 100,325,376; final norm 640: 268,098,176 (the published "268M").
-  assert ModelConfig.gemma3_270m().num_params() == 268_098_176
-  g = ModelConfig.gemma3_270m()
+  assert ModelConfig.preset("gemma3_270m").num_params() == 268_098_176
+  g = ModelConfig.preset("gemma3_270m")
   assert g.local_layers == (True,) * 5 + (False,) + (True,) * 5 + (False,) + (True,) * 5 + (False,)
   assert g.attn_scale == 256 ** -0.5
 
 
 @pytest.mark.parametrize("preset", ["gemma3_270m", "gemma3_1b"])
 def test_preset_config_json_round_trips_and_loads_in_transformers(preset):
-  from jaxrl_llm.model import MODEL_PRESETS
-  cfg = MODEL_PRESETS[preset]()
+  cfg = ModelConfig.preset(preset)
   hf = json.loads(json.dumps(config_to_hf(cfg)))
   assert config_from_hf(hf) == cfg
   assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
@@ -346,8 +345,8 @@ def test_older_config_spelling_reads_like_transformers():
          "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None,
          "rope_theta": 1000000.0, "sliding_window": 512, "sliding_window_pattern": 6,
          "torch_dtype": "bfloat16", "vocab_size": 262144}
-  assert config_from_hf(old) == ModelConfig.gemma3_1b(param_dtype="bfloat16",
-                                                      compute_dtype="bfloat16")
+  assert config_from_hf(old) == ModelConfig.preset("gemma3_1b", param_dtype="bfloat16",
+                                                   compute_dtype="bfloat16")
   scaled = {**old, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
             "sliding_window_pattern": 4}
   ours = config_from_hf(scaled)
@@ -402,7 +401,7 @@ def test_unsupported_gemma_config_json_is_refused(gemma_dir, changes, match):
 
 
 def test_config_validation_and_export_refusals():
-  g = ModelConfig.gemma3_270m()
+  g = ModelConfig.preset("gemma3_270m")
   with pytest.raises(ValueError, match=r"layer_types=.*n_layers=18"):
     g.replace(layer_types=g.layer_types[:5])
   with pytest.raises(ValueError, match=r"layer_types\[0\]='local'"):

@@ -170,10 +170,9 @@ def test_missing_misshaped_and_unexpected_tensors_are_named(hf_dirs, tmp_path):
 @pytest.mark.parametrize("preset", ["qwen2_5_0_5b", "qwen2_5_7b", "qwen3_8b", "llama3_2_1b",
                                     "llama3_1_8b"])
 def test_preset_configs_round_trip_through_config_json(preset):
-  from jaxrl_llm.model import MODEL_PRESETS as PRESETS
   from jaxrl_llm.model.config import ModelConfig
   from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
-  cfg = PRESETS[preset]()
+  cfg = ModelConfig.preset(preset)
   hf = json.loads(json.dumps(config_to_hf(cfg)))
   assert config_from_hf(hf) == cfg
   assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
@@ -220,8 +219,8 @@ def test_published_config_json_matches_presets():
   from jaxrl_llm.model.config import ModelConfig
   from jaxrl_llm.model.hf_config import config_from_hf
   bf16 = dict(param_dtype="bfloat16", compute_dtype="bfloat16")
-  assert config_from_hf(LLAMA_3_2_1B) == ModelConfig.llama3_2_1b(**bf16)
-  assert config_from_hf(QWEN2_5_0_5B) == ModelConfig.qwen2_5_0_5b(**bf16)
+  assert config_from_hf(LLAMA_3_2_1B) == ModelConfig.preset("llama3_2_1b", **bf16)
+  assert config_from_hf(QWEN2_5_0_5B) == ModelConfig.preset("qwen2_5_0_5b", **bf16)
   assert config_from_hf(QWEN2_5_0_5B, param_dtype="float32").compute_dtype == "float32"
 
 

@@ -196,9 +196,9 @@ def test_param_count_and_presets():
   # norms 2*128 -> 196864 * 4 layers = 787456; + embed 64*128 + final norm 128 = 795776.
   assert n == tiny.num_params() == 795776
   # Public parameter counts of the real checkpoints.
-  assert ModelConfig.qwen2_5_0_5b().num_params() == 494_032_768
-  assert ModelConfig.llama3_1_8b().num_params() == 8_030_261_248
-  assert 9e6 < ModelConfig.qwen2_10m().num_params() < 11e6
+  assert ModelConfig.preset("qwen2_5_0_5b").num_params() == 494_032_768
+  assert ModelConfig.preset("llama3_1_8b").num_params() == 8_030_261_248
+  assert 9e6 < ModelConfig.preset("qwen2_10m").num_params() < 11e6
 
 
 @pytest.mark.parametrize("field,value,match", [
