@@ -8,7 +8,8 @@ value and what is allowed; a value of the wrong type raises
     config.task.name='arith' is invalid: allowed ('arithmetic', ...) (did you mean 'arithmetic'?)
 
 `field` is the full name a user would type (`config.rollout.top_p`,
-`SamplingConfig.top_k`, `ObjectiveConfig.eps_low`). This module imports
+`SamplingConfig.top_k`, `ObjectiveConfig.eps_low`). A key that was renamed
+(`RENAMED_KEYS`) is refused naming its new spelling. This module imports
 nothing else of the package, so every layer may use it.
 """
 
@@ -22,6 +23,32 @@ from typing import Any, Iterable
 # sampler). The arrays' dtype objects are looked up by these names where the
 # arrays are made (jnp / numpy / ml_dtypes).
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+# Config keys that were renamed: old dotted key -> new one. Old spellings are history, never
+# changed: an old key given on the command line or in a config file is refused naming the new one
+# (cli.py, `check_keys`), and a saved config.json is read with them (training/provenance.py).
+RENAMED_KEYS = {
+    "rollout.async": "rollout.overlap",  # a Python keyword; config.json held its field name, async_
+    "rollout.async_": "rollout.overlap",
+    "rollout.quant": "rollout.mismatch.quant",
+    "rollout.quant_group": "rollout.mismatch.quant_group",
+    "rollout.noise": "rollout.mismatch.noise",
+    "rollout.noise_seed": "rollout.mismatch.noise_seed",
+    "rollout.sync_every": "rollout.server.sync_every",
+    **{f"rollout.server_{k}": f"rollout.server.{k}" for k in (
+        "url", "model", "command", "export", "sync", "concurrency", "timeout_s", "retries", "backoff_s",
+        "on_failure", "on_exit", "wait_s")},
+}
+
+
+def renamed_message(old: str, value: str = "") -> str:
+  """The one-line refusal of the renamed key `old` (dotted, without `config.`); `value`: the flag's."""
+  new = RENAMED_KEYS[old]
+  if value:
+    return f"config.{old} was renamed: use --config.{new}={value}"
+  return (f"config.{old} was renamed: use config.{new} (--config.{new}=... on the command line, "
+          f"c.{new} = ... in a config file)")
 
 
 class ConfigError(ValueError):
@@ -81,6 +108,9 @@ def check_keys(section: str, given: Iterable[str], expected: Iterable[str]) -> N
   if unknown or missing:
     hints = []
     for key in unknown:
+      old = f"{section.removeprefix('config.')}.{key}"
+      if old in RENAMED_KEYS:
+        raise ConfigError(renamed_message(old))
       close = difflib.get_close_matches(key, sorted(expected), n=1)
       if close:
         hints.append(f"{key!r} -> {close[0]!r}?")

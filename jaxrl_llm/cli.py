@@ -4,7 +4,8 @@ A user error is a bad flag or config value, a misspelled config key, a file
 or directory that is missing or of the wrong kind, or a checkpoint that
 cannot be used: the entry point prints `error: <what, which value, what is
 allowed>` and exits with status 2. Anything else is a bug and keeps its
-traceback. `--debug` shows the traceback of user errors too.
+traceback. `--debug` shows the traceback of user errors too. `--help` prints
+the usage and exits 0 (absl's own exits 1, as for a bad flag).
 
     if __name__ == "__main__":
       cli.run(main)          # instead of absl.app.run(main)
@@ -13,12 +14,12 @@ traceback. `--debug` shows the traceback of user errors too.
 from __future__ import annotations
 
 import ast
-import keyword
+import re
 import sys
 import traceback
 from collections.abc import Callable
 
-from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.checks import RENAMED_KEYS, ConfigError, renamed_message
 
 EXIT_USER_ERROR = 2
 # Files and directories a user pointed at (a missing file, a file where a directory belongs, ...).
@@ -51,6 +52,9 @@ def message(e: BaseException) -> str:
   if _from_config_parsing(e):
     key = text.splitlines()[0].strip("'\"") if text else ""
     flag = next((a for a in sys.argv[1:] if a.startswith("--config.") and key and key in a), "")
+    renamed = "" if flag else _renamed_key_message(text)  # a flag's renamed key was refused before parsing
+    if renamed:
+      return renamed
     hint = " ".join(line.strip() for line in text.splitlines()[1:])
     text = f"unknown config key {key!r}" + (f" in {flag.split('=')[0]}" if flag else "") + (f": {hint}" if hint else "")
   if isinstance(e, OSError) and "Failed loading config file" in text:
@@ -78,23 +82,63 @@ def run(main: Callable) -> None:
   """absl.app.run(main), with user errors reported in one line (exit 2)."""
   from absl import app
 
-  sys.argv[1:] = [keyword_flag(a) for a in sys.argv[1:]]
+  guard(refuse_renamed_flags, sys.argv[1:])
+  show_help_if_asked(sys.argv[1:])
   guard(app.run, main)
 
 
-def keyword_flag(arg: str) -> str:
-  """`--config.rollout.async=True` -> `--config.rollout["async"]=True`: ml_collections reads a
-  `--config.` path as Python, where a keyword (`async`) cannot follow a dot; the subscript says the same."""
-  if not arg.startswith("--config."):
-    return arg
-  path, eq, value = arg.partition("=")
-  parts = path[len("--"):].split(".")
-  if not any(keyword.iskeyword(p) for p in parts):
-    return arg
-  out = parts[0]
-  for p in parts[1:]:
-    out += f'["{p}"]' if keyword.iskeyword(p) else f".{p}"
-  return f"--{out}{eq}{value}"
+# absl's help flags (-? is --help's short name), and whether each shows only the main module's flags.
+_HELP_FLAGS = {"?": True, "help": True, "helpshort": True, "helpfull": False}
+
+
+def show_help_if_asked(argv: list[str]) -> None:
+  """absl's usage text and exit 0 when a help flag is among the flags (before any `--`).
+  absl prints the same text but exits 1, its status for a bad flag; help that was asked for succeeded."""
+  from absl import app
+
+  args = argv[:argv.index("--")] if "--" in argv else argv
+  asked = [a.lstrip("-") for a in args if a.startswith("-") and a.lstrip("-") in _HELP_FLAGS]
+  if not asked:
+    return
+  short = _HELP_FLAGS[asked[0]]
+  app.usage(shorthelp=short, writeto_stdout=True)
+  if short:
+    print("\nTry --helpfull to get a list of all flags.")
+  sys.exit(0)
+
+
+def refuse_renamed_flags(argv: list[str]) -> None:
+  """A ConfigError naming the new key for a `--config.<key>` flag whose key was renamed
+  (checks.py's RENAMED_KEYS), e.g. `--config.rollout.async=True`; before ml_collections
+  parses the flags, which would fail on the keyword or name no new key."""
+  for i, arg in enumerate(argv):
+    if not arg.startswith("--config."):
+      continue
+    path, eq, value = arg.partition("=")
+    if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+      value = argv[i + 1]  # --config.key VALUE
+    # `rollout["async"]` is ml_collections' subscript spelling of `rollout.async`.
+    key = re.sub(r"""\[\s*["']([^"']+)["']\s*\]""", r".\1", path[len("--config."):])
+    if key in RENAMED_KEYS:
+      raise ConfigError(renamed_message(key, value or "..."))
+
+
+def _renamed_key_message(text: str) -> str:
+  """The refusal of a renamed key that a config file set (`c.rollout["async"] = True`, say), or ""
+  when the key ml_collections refused was not renamed. Its error names the key and the fields of
+  its section, among which the new key's first part (`rollout.overlap`, `rollout.server`) is."""
+  found = re.match(r"""Key "([^"]+)" does not exist and cannot be added .*Other fields present: (.*)""", text,
+                   re.DOTALL)
+  if not found:
+    return ""
+  name, fields = found.groups()
+
+  def sibling(old: str) -> str:  # the new key's first part in the old key's section
+    section = old.rpartition(".")[0]
+    return RENAMED_KEYS[old].removeprefix(section + ".").split(".")[0]
+
+  olds = [old for old in RENAMED_KEYS if old.rpartition(".")[2] == name and f"'{sibling(old)}'" in fields]
+  return renamed_message(olds[0]) if len(olds) == 1 else ""
 
 
 def define_debug_flag() -> None:

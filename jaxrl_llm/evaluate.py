@@ -107,6 +107,7 @@ def load_run_config(workdir: str, config_override=None):
   import os  # pylint: disable=import-outside-toplevel
 
   from jaxrl_llm.training.config import from_config_dict  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training.provenance import complete  # pylint: disable=import-outside-toplevel
   if config_override is not None:
     return from_config_dict(config_override)
   path = os.path.join(workdir, "config.json")
@@ -114,8 +115,8 @@ def load_run_config(workdir: str, config_override=None):
     raise FileNotFoundError(
         f"no config.json in {workdir}: expected the workdir of a training run, "
         "or pass --config=configs/<method>.py")
-  with open(path) as f:
-    return from_config_dict(json.load(f))
+  with open(path) as f:  # a workdir written before a key was renamed reads in the current layout
+    return from_config_dict(complete(json.load(f)))
 
 
 def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path: str = "",
@@ -125,21 +126,24 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
 
   from jaxrl_llm.checkpointing import CheckpointManager  # pylint: disable=import-outside-toplevel
   from jaxrl_llm.checkpointing.init import checkpoint_dir  # pylint: disable=import-outside-toplevel
-  from jaxrl_llm.training.loop import Trainer  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training import setup  # pylint: disable=import-outside-toplevel
   for k in ks:
     if not 1 <= k <= n_samples:
       from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
       raise ConfigError(f"--k={k}: expected 1 <= k <= --n_samples={n_samples}")
   cfg = load_run_config(workdir, config_override)
-  trainer = Trainer(cfg, workdir, log=log)
-  target = trainer.init_state(jax.random.key(cfg.seed)).params
-  mngr = CheckpointManager(checkpoint_dir(workdir), model_config=trainer.model_cfg,
-                           read_only=True)
+  data = setup.run_data(cfg)
+  runner = setup.make_reward_runner(data.cfg, data.task)
+  # The restore target: the params' shapes and shardings (as the trainer initialises them, same key).
+  k_model = jax.random.split(jax.random.key(cfg.seed), 3)[0]
+  model_cfg, target = setup.make_model(data.cfg, data.tokenizer, data.mesh, k_model)
+  evaluator = data.evaluator(model_cfg, runner)
+  mngr = CheckpointManager(checkpoint_dir(workdir), model_config=model_cfg, read_only=True)
   if data_path:
     from jaxrl_llm.tasks.files import load_examples  # pylint: disable=import-outside-toplevel
     examples = load_examples(data_path, cfg.data.prompt_key, cfg.data.answer_key)
   else:
-    examples = trainer.eval_examples
+    examples = data.eval_examples
   todo = mngr.all_steps() if steps == "all" else [steps]
   out = {}
   for step in todo:
@@ -147,11 +151,11 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
     if step is None and found != mngr.latest_step():
       log(f"warning: the newest checkpoint (step {mngr.latest_step()}) is damaged; evaluated step {found}, "
           "the newest intact one")
-    correct, reward, length, truncated = trainer.evaluator.greedy_outcomes(params, examples)
-    sampled = trainer.evaluator.sampled_correct(params, examples, n_samples) if n_samples else None
+    correct, reward, length, truncated = evaluator.greedy_outcomes(params, examples)
+    sampled = evaluator.sampled_correct(params, examples, n_samples) if n_samples else None
     out[found] = summarize(EvalOutcomes(correct, reward, length, truncated, sampled), ks)
     log(f"step {found}: " + ", ".join(f"{k} {v:.4g}" for k, v in out[found].items()))
-  trainer.runner.close()
+  runner.close()
   return out
 
 

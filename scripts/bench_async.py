@@ -1,4 +1,4 @@
-"""Seconds per RL step with synchronous and asynchronous rollouts (`rollout.async`), written as JSON.
+"""Seconds per RL step with synchronous and asynchronous rollouts (`rollout.overlap`), written as JSON.
 
     python scripts/bench_async.py --out async_tiny.json                       # built-in sampler, tiny default config
     python scripts/bench_async.py --out async_llama.json --engine openai      # llama.cpp's server, GGUF sync
@@ -39,21 +39,21 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from harness import emit, load, spawn
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE_CONFIG = os.path.join(REPO, "configs", "examples", "smollm2_word_problems.py")
 LLAMA_SERVER = os.path.expanduser("~/.cache/jaxrl_llm/llama-server-0.3.36/build/bin/llama-server")
-_RESULT = "BENCH_ASYNC_RESULT "
 SPLIT = {"sampling_s": ("time/rollout_s",), "sync_s": ("time/sync_s",), "score_s": ("time/score_s",),
          "prep_s": ("time/recompute_s", "time/advantage_s"), "update_s": ("time/update_s",),
          "idle_s": ("time/idle_s",), "wait_s": ("time/rollout_wait_s",)}
 
 
-def _config(args, async_: bool):
+def _config(args, overlap: bool):
   """The run config of one child: the base config, the mode, the bench's settings, --set overrides."""
   if args.model == "smollm2":
     spec = importlib.util.spec_from_file_location("smollm2_example", EXAMPLE_CONFIG)
@@ -65,7 +65,7 @@ def _config(args, async_: bool):
 
     c = get_config(args.method)
   c.rollout.staleness = args.staleness
-  c.rollout["async"] = async_
+  c.rollout.overlap = overlap
   c.train.steps = args.warmup_steps + args.steps
   if args.sft_steps is not None:
     c.sft.steps = args.sft_steps
@@ -74,22 +74,21 @@ def _config(args, async_: bool):
   c.log.progress = False
   if args.engine == "openai":
     c.rollout.engine = "openai"
-    c.rollout.server_command = args.server_command
-    c.rollout.sync_every = args.sync_every
-  for item in args.set:
-    key, _, text = item.partition("=")
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = text
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+    c.rollout.server.command = args.server_command
+    c.rollout.server.sync_every = args.sync_every
   from jaxrl_llm.training.config import from_config_dict
+  from jaxrl_llm.training.tiny import apply_settings
 
-  return from_config_dict(c)
+  return from_config_dict(apply_settings(c, dict(_setting(item) for item in args.set)))
+
+
+def _setting(item: str) -> tuple[str, object]:
+  """--set KEY=VALUE: VALUE as a Python literal, else as the string."""
+  key, _, text = item.partition("=")
+  try:
+    return key, ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return key, text
 
 
 def _worker(args) -> dict:
@@ -114,34 +113,10 @@ def _worker(args) -> dict:
       row["engine_sync_s"] = float(m["engine/sync_s"])
     steps.append(row)
   return {"mode": args.worker, "steps": steps, "run_s": total,
-          "config": {"engine": cfg.rollout.engine, "staleness": cfg.rollout.staleness, "async": cfg.rollout.async_,
+          "config": {"engine": cfg.rollout.engine, "staleness": cfg.rollout.staleness, "overlap": cfg.rollout.overlap,
                      "prompts_per_step": cfg.rollout.prompts_per_step, "group_size": cfg.rollout.group_size,
                      "max_response_len": cfg.rollout.max_response_len, "model": cfg.model.hf_path or "tiny",
                      "sft_steps": cfg.sft.steps, "train_steps": cfg.train.steps}}
-
-
-def _uptime() -> dict:
-  out = {"loadavg": list(os.getloadavg())}
-  try:
-    out["uptime"] = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    pass
-  return out
-
-
-def _spawn(argv: list[str], mode: str, timeout: float) -> dict:
-  before = _uptime()
-  cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", mode]
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-  except subprocess.TimeoutExpired:
-    raise SystemExit(f"bench_async: the {mode} child ran past --child-timeout={timeout:g} s") from None
-  lines = [line for line in proc.stdout.splitlines() if line.startswith(_RESULT)]
-  if proc.returncode or not lines:
-    raise SystemExit(f"bench_async: the {mode} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-  result = json.loads(lines[-1][len(_RESULT):])
-  result["load_before"], result["load_after"] = before, _uptime()
-  return result
 
 
 def _summary(runs: list[dict], warmup: int) -> dict:
@@ -172,8 +147,8 @@ def main():
   parser.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (default: the config's)")
   parser.add_argument("--eval-examples", type=int, default=16, help="eval.n_examples (start and end, untimed)")
   parser.add_argument("--server-command", default=LLAMA_SERVER + " -t 1" if os.path.isfile(LLAMA_SERVER)
-                      else "llama-server -t 1", help="rollout.server_command with --engine openai")
-  parser.add_argument("--sync-every", type=int, default=1, help="rollout.sync_every with --engine openai")
+                      else "llama-server -t 1", help="rollout.server.command with --engine openai")
+  parser.add_argument("--sync-every", type=int, default=1, help="rollout.server.sync_every with --engine openai")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="any other config key, e.g. --set rollout.prompts_per_step=16 (repeatable)")
   parser.add_argument("--child-timeout", type=float, default=3600.0, help="seconds one child may take")
@@ -185,16 +160,16 @@ def main():
   if args.sft_steps is not None and args.sft_steps < 0:
     parser.error(f"--sft-steps={args.sft_steps}: must be >= 0")
   if args.worker:
-    print(_RESULT + json.dumps(_worker(args)), flush=True)
+    emit(_worker(args))
     return
 
   argv = sys.argv[1:]
   results: dict = {"bench": {k: v for k, v in vars(args).items() if k not in ("out", "worker")},
-                   "machine": {"cpu_count": os.cpu_count(), "start": _uptime()}}
+                   "machine": {"cpu_count": os.cpu_count(), "start": load()}}
   runs: dict[str, list[dict]] = {"sync": [], "async": []}
   for r in range(args.rounds):
     for mode in (("sync", "async") if r % 2 == 0 else ("async", "sync")):
-      runs[mode].append(_spawn(argv, mode, args.child_timeout))
+      runs[mode].append(spawn(__file__, argv, mode, timeout=args.child_timeout, cwd=REPO))
       print(f"round {r} {mode}: " + json.dumps([round(s["wall_s"], 2) for s in runs[mode][-1]["steps"]]),
             flush=True)
   results["config"] = runs["sync"][0]["config"]
@@ -202,7 +177,7 @@ def main():
     results[mode] = {**_summary(rs, args.warmup_steps), "runs": rs}
   results["async_over_sync_seconds_median"] = (results["async"]["seconds_per_step_median"]
                                                / results["sync"]["seconds_per_step_median"])
-  results["machine"]["end"] = _uptime()
+  results["machine"]["end"] = load()
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)
   print(json.dumps({k: v for k, v in results.items() if k not in ("sync", "async")}, indent=2))

@@ -30,18 +30,18 @@ from jaxrl_llm.sampling.mismatch import SamplerMismatch, mismatch_metrics
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.defaults import get_config
 from jaxrl_llm.training.loop import Trainer
-from jaxrl_llm.training.recompute import policy_logprobs
+from jaxrl_llm.training.recompute import RecomputeSpec, policy_logprobs
 
 # name -> (sampler dtype, SamplerMismatch)
 SETTINGS = {
     "none": ("float32", SamplerMismatch()),
     "bf16": ("bfloat16", SamplerMismatch()),
-    "int8_g32": ("float32", SamplerMismatch(quant="int8", group=32)),
-    "int4_g32": ("float32", SamplerMismatch(quant="int4", group=32)),
-    "int4_g128": ("float32", SamplerMismatch(quant="int4", group=128)),
+    "int8_g32": ("float32", SamplerMismatch(quant="int8", quant_group=32)),
+    "int4_g32": ("float32", SamplerMismatch(quant="int4", quant_group=32)),
+    "int4_g128": ("float32", SamplerMismatch(quant="int4", quant_group=128)),
     "noise_0.01": ("float32", SamplerMismatch(noise=0.01)),
     "noise_0.05": ("float32", SamplerMismatch(noise=0.05)),
-    "int4_g32+bf16": ("bfloat16", SamplerMismatch(quant="int4", group=32)),
+    "int4_g32+bf16": ("bfloat16", SamplerMismatch(quant="int4", quant_group=32)),
 }
 
 
@@ -65,18 +65,18 @@ def main() -> None:
     prompts = next(tr.pipeline)
     out = {}
     for name, (dtype, mismatch) in SETTINGS.items():
-      ro = dict(cfg.rollout.__dict__, sampler_dtype=dtype)
       scfg = SamplingConfig(**{**tr.sampling_cfg.__dict__, "dtype": None if dtype == "float32" else dtype})
       engine = JaxSampler(model_cfg=tr.model_cfg, sampling_cfg=scfg, tokenizer=tr.tokenizer,
                           batch_sharding=tr.batch_sharding, mismatch=mismatch)
       engine.sync(state.params, 0)
       smp = engine.generate(prompts, jax.random.key(cfg.seed + 1))
-      prox, _ = policy_logprobs(state.params, state.value_params, smp.prompt_BP, smp.prompt_mask_BP, smp.tokens_BR,
-                                smp.mask_BR, model_cfg=tr.model_cfg, temperature=cfg.rollout.temperature,
-                                impl=cfg.kernels.impl, chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
+      spec = RecomputeSpec(model_cfg=tr.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
+                           chunk=cfg.micro_batch_size, sharding=tr.batch_sharding)
+      prox, _ = policy_logprobs(state.params, smp, spec)
       m = mismatch_metrics(prox, np.asarray(jax.device_get(smp.behav_logp_BR)), smp.mask_BR)
-      ro.update(quant=mismatch.quant, quant_group=mismatch.group, noise=mismatch.noise)
-      out[name] = {"rollout": {k: ro[k] for k in ("sampler_dtype", "quant", "quant_group", "noise")}, "metrics": m}
+      rollout = {"sampler_dtype": dtype,
+                 "mismatch": {k: getattr(mismatch, k) for k in ("quant", "quant_group", "noise")}}
+      out[name] = {"rollout": rollout, "metrics": m}
       print(f"{name:>14}: mean log c {m['mismatch/log_c_mean']:+.2e}  mean |log c| {m['mismatch/log_c_abs_mean']:.2e}"
             f"  q01 {m['mismatch/log_c_q01']:+.2e}  q99 {m['mismatch/log_c_q99']:+.2e}"
             f"  mean |log c_i| {m['mismatch/seq_abs_log_c_mean']:.2e}"

@@ -14,14 +14,13 @@ def parity_reward(prompt, response, answer):
   return float(len(response) % 2)
 
 
-def make_trainer(cfg, workdir, log, **kwargs):
-  """A Trainer scoring with `parity_reward`."""
+def make_trainer(cfg, workdir, log, *, reward=parity_reward, **kwargs):
+  """A Trainer scoring with `reward` (a reward function; default `parity_reward`)."""
   from jaxrl_llm.tasks.rewards import RewardRunner
   from jaxrl_llm.training.loop import Trainer
 
-  tr = Trainer(cfg, str(workdir), log=log, **kwargs)
-  tr.runner = RewardRunner(parity_reward)
-  return tr
+  runner = reward if isinstance(reward, RewardRunner) else RewardRunner(reward)
+  return Trainer(cfg, str(workdir), log=log, reward=runner, **kwargs)
 
 
 def load_config(name: str):
@@ -34,7 +33,9 @@ def load_config(name: str):
 
 def shrink(c, **overrides):
   """A tiny model and batch: seconds per step on the CPU."""
-  c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads, c.model.d_ff = 32, 1, 2, 1, 64
+  from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
+
+  apply_settings(c, TINY_MODEL)
   c.sft.steps, c.train.steps = 0, 3
   c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_response_len = 8, 4, 5
   c.data.max_prompt_len = 0
@@ -42,10 +43,4 @@ def shrink(c, **overrides):
   c.task.n_train = 256
   c.log.progress = False
   c.teacher.sft_steps, c.teacher.hint_sft_steps = 20, min(c.teacher.hint_sft_steps, 20)  # teacher warm starts
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return apply_settings(c, overrides)

@@ -238,6 +238,8 @@ def test_a_changed_base_config_in_the_same_out_is_refused(grid_dir, base_file):
     ("--mismatch=noise:1.5", "'noise:1.5' needs in (0.0, 1.0]"),
     ("--mismatch=stale:0", "'stale:0' needs an integer >= 1"),
     ("--config.seed=4", "--config.seed='4' is invalid: the lab sets it: use --seeds"),
+    ("--config.rollout.server_url=http://h:1",
+     "config.rollout.server_url was renamed: use --config.rollout.server.url=http://h:1"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, flag, expected):
   argv = [sys.executable, "-m", "jaxrl_llm.lab", "--methods=grpo", "--mismatch=none", "--steps=3",
@@ -256,8 +258,8 @@ def test_mismatch_tokens_map_to_the_rollout_keys():
   assert grid.parse_mismatch("none").settings == ()
   assert dict(grid.parse_mismatch("bf16").settings) == {"rollout.sampler_dtype": "bfloat16"}
   assert dict(grid.parse_mismatch("int4:128+stale:1").settings) == {
-      "rollout.quant": "int4", "rollout.quant_group": "128", "rollout.staleness": "1"}
-  assert dict(grid.parse_mismatch("noise:0.2+bf16").settings) == {"rollout.noise": "0.2",
+      "rollout.mismatch.quant": "int4", "rollout.mismatch.quant_group": "128", "rollout.staleness": "1"}
+  assert dict(grid.parse_mismatch("noise:0.2+bf16").settings) == {"rollout.mismatch.noise": "0.2",
                                                                   "rollout.sampler_dtype": "bfloat16"}
   m = grid.parse_method("icepop@band_high=2@rollout.temperature=0.7", ("grpo", "icepop"))
   assert (m.preset, m.overrides) == ("icepop", (("objective.band_high", "2"), ("rollout.temperature", "0.7")))

@@ -3,7 +3,11 @@
 * no import cycle between modules (imports inside functions count too);
 * the layers: objectives/ imports nothing else of the package; model/,
   sampling/, tasks/, kernels/, checkpointing/ and teacher/ never import
-  training/; only training/loop.py and the entry points name the Trainer;
+  training/; rundir/ imports nothing else of the package, and lab/ only
+  checks, cli and rundir; only training/loop.py and the entry points name
+  the Trainer;
+* the entry points (`python -m jaxrl_llm.<name>`, listed below) sit on top:
+  no module imports one;
 * one name per concept: no public class, function or constant is defined in
   two modules (re-exports and aliases are not definitions).
 """
@@ -15,8 +19,9 @@ import os
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every module with an `if __name__ == "__main__":` block (test_entry_points_are_listed).
 ENTRY_POINTS = ("jaxrl_llm.train", "jaxrl_llm.evaluate", "jaxrl_llm.report", "jaxrl_llm.convert",
-                "jaxrl_llm.objectives.__main__")
+                "jaxrl_llm.inspect", "jaxrl_llm.objectives.__main__", "jaxrl_llm.lab.__main__")
 
 
 def _modules() -> dict[str, str]:
@@ -102,11 +107,29 @@ def test_no_import_cycle():
     ("jaxrl_llm.model", ("jaxrl_llm.model", "jaxrl_llm.kernels", "jaxrl_llm.checks")),
     ("jaxrl_llm.sampling", ("jaxrl_llm.sampling", "jaxrl_llm.model", "jaxrl_llm.kernels", "jaxrl_llm.checks")),
     ("jaxrl_llm.tasks", ("jaxrl_llm.tasks", "jaxrl_llm.checks", "jaxrl_llm.faults")),
+    ("jaxrl_llm.rundir", ("jaxrl_llm.rundir",)),
+    ("jaxrl_llm.lab", ("jaxrl_llm.lab", "jaxrl_llm.checks", "jaxrl_llm.cli", "jaxrl_llm.rundir")),
 ])
 def test_lower_layers_import_only_below_them(package, allowed):
   bad = {m: sorted(d for d in deps if not d.startswith(allowed))
          for m, deps in GRAPH.items() if m == package or m.startswith(package + ".")}
   assert not {m: d for m, d in bad.items() if d}
+
+
+def _has_main_block(path: str) -> bool:
+  return any(isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+             for node in ast.parse(open(path).read()).body)
+
+
+def test_entry_points_are_listed():
+  # A new entry point is added to ENTRY_POINTS (and to tests/test_wheel.py), not found by accident.
+  assert sorted(m for m, path in MODULES.items() if _has_main_block(path)) == sorted(ENTRY_POINTS)
+
+
+def test_no_module_imports_an_entry_point():
+  # Entry points parse flags and call the package; what they call lives below them (rundir/, training/, ...).
+  users = {m: sorted(set(ENTRY_POINTS) & deps) for m, deps in GRAPH.items()}
+  assert not {m: d for m, d in users.items() if d}
 
 
 def test_nothing_outside_training_imports_it():

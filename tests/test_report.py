@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxrl_llm import report
+from jaxrl_llm.rundir import report
 
 
 def fake_run(workdir, seed, steps=40):
@@ -24,17 +24,6 @@ def fake_run(workdir, seed, steps=40):
       m["eval/accuracy"] = 0.2 + 0.5 * s / steps
     f.write(json.dumps({"step": s, **m}) + "\n")
   f.close()
-
-
-def test_panels_match_the_trainer_metric_names():
-  rows = [{"step": 1, "reward/mean": 1.0, "reward/accuracy": 0.5, "eval/accuracy": 0.5,
-           "kl/ref": 0.1, "kl/prox_behav": 0.0, "entropy/mean": 2.0, "trust/clip_frac": 0.1,
-           "correction/masked_frac": 0.0, "response/length_mean": 5.0,
-           "response/truncated_frac": 0.1, "time/step_s": 1.0, "name": "x"}]
-  found = [report.matching_keys(rows, p) for p in report.PANELS]
-  assert found == [["reward/mean", "reward/accuracy"], ["eval/accuracy"], ["kl/ref"],
-                   ["entropy/mean"], ["trust/clip_frac", "correction/masked_frac"],
-                   ["response/length_mean"]]
 
 
 def test_smooth_is_a_trailing_mean():

@@ -5,8 +5,8 @@ after `@`: `icepop@band_high=2` is IcePop with the band [0.5, 2] (a key
 without a dot is an objective knob, `objective.band_high`; a dotted key is
 any config key, `grpo@rollout.temperature=0.7`). A mismatch token sets the
 rollout keys of sampling/mismatch.py: `none`, `bf16` (rollout.sampler_dtype),
-`int8` / `int4` with an optional group size (`int4:128`, rollout.quant and
-rollout.quant_group), `noise:S` (rollout.noise), `stale:K`
+`int8` / `int4` with an optional group size (`int4:128`, rollout.mismatch.quant
+and rollout.mismatch.quant_group), `noise:S` (rollout.mismatch.noise), `stale:K`
 (rollout.staleness), and several joined with `+` (`int4+stale:1`).
 
 Every value reaches the trainer as a `--config.<key>=<value>` flag of
@@ -21,15 +21,15 @@ import importlib.util
 import os
 import re
 
-from jaxrl_llm.checks import ConfigError, bad, check_choice
+from jaxrl_llm.checks import RENAMED_KEYS, ConfigError, bad, check_choice, renamed_message
 
 MISMATCH_FORMS = "none, bf16, int8[:GROUP], int4[:GROUP], noise:STD, stale:K, or several joined with + (int4+stale:1)"
 # Keys the lab sets in every run; a --config.<key> override of one is an error naming the lab's flag.
 LAB_KEYS = {"seed": "--seeds", "init_checkpoint": "the lab's warm start", "train.steps": "--steps",
             "eval.every": "--eval-every", "log.every": "(every step is logged)"}
 # Keys the --mismatch tokens set.
-MISMATCH_KEYS = ("rollout.sampler_dtype", "rollout.quant", "rollout.quant_group", "rollout.noise",
-                 "rollout.staleness")
+MISMATCH_KEYS = ("rollout.sampler_dtype", "rollout.mismatch.quant", "rollout.mismatch.quant_group",
+                 "rollout.mismatch.noise", "rollout.staleness")
 WARM_START_PRESET = "grpo"  # the preset the warm start runs with when no --config is given (its SFT only)
 
 
@@ -67,6 +67,8 @@ def parse_method(text: str, presets: tuple[str, ...]) -> MethodSpec:
     if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key) or not value:
       raise bad("--methods", text, f"{change!r} must be knob=value (objective.knob) or section.key=value")
     key = key if "." in key else f"objective.{key}"
+    if key in RENAMED_KEYS:
+      raise bad("--methods", text, renamed_message(key, value))
     if key in LAB_KEYS or key in MISMATCH_KEYS:
       raise bad("--methods", text, f"{key} is set by the lab ({LAB_KEYS.get(key, '--mismatch')})")
     overrides.append((key, value))
@@ -90,11 +92,11 @@ def parse_mismatch(text: str) -> Mismatch:
     if kind == "bf16" and not colon:
       put("rollout.sampler_dtype", "bfloat16", part)
     elif kind in ("int8", "int4"):
-      put("rollout.quant", kind, part)
+      put("rollout.mismatch.quant", kind, part)
       if colon:
-        put("rollout.quant_group", str(_number(text, part, arg, int, 1)), part)
+        put("rollout.mismatch.quant_group", str(_number(text, part, arg, int, 1)), part)
     elif kind == "noise" and colon:
-      put("rollout.noise", repr(_number(text, part, arg, float, 0.0, 1.0)), part)
+      put("rollout.mismatch.noise", repr(_number(text, part, arg, float, 0.0, 1.0)), part)
     elif kind == "stale" and colon:
       put("rollout.staleness", str(_number(text, part, arg, int, 1)), part)
     else:
@@ -164,6 +166,8 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
     key, sep, value = a[len("--config."):].partition("=")
     if not a.startswith("--config.") or not sep or not key:
       raise ConfigError(f"argument {a!r} is not a lab flag: expected --config.<key>=<value> or a flag of --help")
+    if key in RENAMED_KEYS:
+      raise ConfigError(renamed_message(key, value))
     if key in LAB_KEYS:
       raise bad(f"--config.{key}", value, f"the lab sets it: use {LAB_KEYS[key]}")
     if key in MISMATCH_KEYS:

@@ -27,7 +27,8 @@ import math
 
 import numpy as np
 
-from jaxrl_llm.report import load_run, series, smooth
+from jaxrl_llm.rundir.metrics import load_run, series
+from jaxrl_llm.rundir.report import smooth
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,9 +48,9 @@ class MeshConfig:
   data = -1 takes the devices the other axes leave (`resolve`); every other
   value is a positive int.
   """
-  data: int = 1
-  fsdp: int = 1
-  tensor: int = 1
+  data: int
+  fsdp: int
+  tensor: int
 
   def __post_init__(self):
     for name in MESH_AXES:

@@ -17,6 +17,8 @@ weights and cache buffers instead.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -144,18 +146,21 @@ def _bkht(x_BTKH: jax.Array) -> jax.Array:
   return jnp.transpose(x_BTKH, (0, 2, 3, 1))
 
 
-def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
-                       positions_BT: jax.Array, mask_BT: jax.Array,
-                       cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-  """The decoder stack from input embeddings (see `forward`)."""
-  B, T, _ = x_BTD.shape
-  if positions_BT.shape != (B, T) or mask_BT.shape != (B, T):
-    raise ValueError(
-        f"forward: positions_BT {positions_BT.shape} and mask_BT {mask_BT.shape} must both "
-        f"have the tokens' shape {(B, T)}")
-  mask_BT = mask_BT.astype(jnp.bool_)
-  rope_global = nn.rope_tables(positions_BT, cfg)
-  rope_local = nn.rope_tables(positions_BT, cfg, local=True) if cfg.local_rope_differs else rope_global
+@dataclasses.dataclass(frozen=True)
+class _Visibility:
+  """Which cache slots each query may attend to, for one forward call."""
+
+  index: jax.Array  # int32 []: the first slot the call writes (0 without a cache)
+  kv_mask_BS: jax.Array  # bool [B, S]: slots holding a real token after the call's write
+  kv_positions_BS: jax.Array | None  # int32 [B, S]: each slot's position (models with local layers), else None
+  allowed_global_BTS: jax.Array  # bool [B, T, S]: a full-attention layer's mask (causal over valid slots)
+  allowed_local_BTS: jax.Array  # bool [B, T, S]: a sliding-window layer's mask (= global without local layers)
+
+
+def _visibility(cfg: ModelConfig, positions_BT, mask_BT, cache: KVCache | None) -> _Visibility:
+  """The attention masks of one call: causal over valid slots, and a local layer's window in
+  positions (q - W < k <= q: the last W tokens of the row, however padding spreads them over the slots)."""
+  B, T = mask_BT.shape
   slots_T = jnp.arange(T, dtype=jnp.int32)
   kv_positions_BS = None
   if cache is None:
@@ -186,14 +191,71 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
                         & (slots_S[None, None, :] <= q_slots_T[None, :, None]))
   allowed_local_BTS = allowed_global_BTS
   if cfg.has_local_layers:
-    # A local layer's window is in positions, q - W < k <= q: the last W
-    # tokens of the row, however padding spreads them over the slots.
     in_window_BTS = (positions_BT[:, :, None] - kv_positions_BS[:, None, :]) < cfg.sliding_window
     allowed_local_BTS = allowed_global_BTS & in_window_BTS
+  return _Visibility(index=index, kv_mask_BS=kv_mask_BS, kv_positions_BS=kv_positions_BS,
+                     allowed_global_BTS=allowed_global_BTS, allowed_local_BTS=allowed_local_BTS)
+
+
+def _layers_unstacked(cfg: ModelConfig, block, x_BTD, layers, cache: KVCache | None):
+  """Unstacked layers (unstack_layers): a Python loop, one copy of the block per layer in the
+  program. With a cache, each layer attends over its own cache buffers directly; this is the decode
+  loop's form, where a scan would slice every layer's weights and cache out of stacked arrays (a copy
+  of each at every step). -> (x_BTD, (k per layer, v per layer) or None)."""
+  k_layers, v_layers = [], []
+  for layer, layer_params in enumerate(layers):
+    local = cfg.local_layers[layer]
+    if cache is None:
+      x_BTD, _, _ = block(x_BTD, layer_params, local)
+    else:
+      x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, local, cache.k_BKHS[layer], cache.v_BKSH[layer])
+      k_layers.append(k_BKHS)
+      v_layers.append(v_BKSH)
+  return x_BTD, (None if cache is None else (tuple(k_layers), tuple(v_layers)))
+
+
+def _layers_scanned(cfg: ModelConfig, block, x_BTD, layers, cache: KVCache | None):
+  """Stacked layers: a scan, one copy of the block in the program (rematerialised in the backward
+  pass as `cfg.remat` says). With a cache (a prefill) the per-layer cache buffers are stacked to ride
+  through the scan as xs/ys and split again after it, one copy of the cache each way per call (fine
+  once per prefill, not per decode step). -> (x_BTD, (k per layer, v per layer) or None)."""
   # Each layer's kind: static where all layers share it, else a per-layer
-  # flag that rides through the scan with the weights (local_L below).
+  # flag that rides through the scan with the weights (local_L).
   static_local = None if 0 < sum(cfg.local_layers) < cfg.n_layers else cfg.local_layers[0]
   local_L = None if static_local is not None else jnp.asarray(cfg.local_layers)
+  if cache is None:
+    def body(x_BTD, xs):
+      layer_params, flag = xs
+      return block(x_BTD, layer_params, static_local if flag is None else flag)[0], None
+    if cfg.remat != "none":
+      body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+    x_BTD, _ = jax.lax.scan(body, x_BTD, (layers, local_L))
+    return x_BTD, None
+
+  def cached_body(x_BTD, xs):
+    layer_params, flag, k_BKHS, v_BKSH = xs
+    x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, static_local if flag is None else flag, k_BKHS, v_BKSH)
+    return x_BTD, (k_BKHS, v_BKSH)
+  x_BTD, (k_LBKHS, v_LBKSH) = jax.lax.scan(
+      cached_body, x_BTD, (layers, local_L, jnp.stack(cache.k_BKHS), jnp.stack(cache.v_BKSH)))
+  return x_BTD, (tuple(k_LBKHS), tuple(v_LBKSH))
+
+
+def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
+                       positions_BT: jax.Array, mask_BT: jax.Array,
+                       cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+  """The decoder stack from input embeddings (see `forward`). The form of `params["layers"]` picks
+  the layer loop: a tuple of per-layer dicts runs unrolled, stacked [L, ...] arrays as a scan."""
+  B, T, _ = x_BTD.shape
+  if positions_BT.shape != (B, T) or mask_BT.shape != (B, T):
+    raise ValueError(
+        f"forward: positions_BT {positions_BT.shape} and mask_BT {mask_BT.shape} must both "
+        f"have the tokens' shape {(B, T)}")
+  mask_BT = mask_BT.astype(jnp.bool_)
+  rope_global = nn.rope_tables(positions_BT, cfg)
+  rope_local = nn.rope_tables(positions_BT, cfg, local=True) if cfg.local_rope_differs else rope_global
+  vis = _visibility(cfg, positions_BT, mask_BT, cache)
+  index = vis.index
 
   def block(x_BTD, layer_params, local, k_BKHS=None, v_BKSH=None):
     """One layer (local: its kind, see _pick); with a cache layer (k_BKHS,
@@ -201,7 +263,7 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     loop-carried buffer)."""
     p = _cast_layer(cfg, layer_params)
     cos_BTH, sin_BTH = _pick(local, rope_local, rope_global)
-    allowed_BTS = _pick(local, allowed_local_BTS, allowed_global_BTS)
+    allowed_BTS = _pick(local, vis.allowed_local_BTS, vis.allowed_global_BTS)
     q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH)
     if k_BKHS is None:
       k_BKHS, v_BKSH = _bkht(k_BTKH), _bkth(v_BTKH)
@@ -211,49 +273,12 @@ def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
     return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS), k_BKHS, v_BKSH
 
   layers = params["layers"]
+  run_layers = _layers_unstacked if isinstance(layers, (tuple, list)) else _layers_scanned
+  x_BTD, kv = run_layers(cfg, block, x_BTD, layers, cache)
   new_cache = None
-  if isinstance(layers, (tuple, list)):
-    # Unstacked layers (unstack_layers): a Python loop, one copy of the block
-    # per layer in the program. With a cache, each layer attends over its own
-    # cache buffers directly; this is the decode loop's form, where a scan
-    # would slice every layer's weights and cache out of stacked arrays (a
-    # copy of each at every step).
-    k_layers, v_layers = [], []
-    for layer, layer_params in enumerate(layers):
-      local = cfg.local_layers[layer]
-      if cache is None:
-        x_BTD, _, _ = block(x_BTD, layer_params, local)
-      else:
-        x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, local, cache.k_BKHS[layer],
-                                      cache.v_BKSH[layer])
-        k_layers.append(k_BKHS)
-        v_layers.append(v_BKSH)
-    if cache is not None:
-      new_cache = KVCache(k_BKHS=tuple(k_layers), v_BKSH=tuple(v_layers), mask_BS=kv_mask_BS,
-                          index=index + T, positions_BS=kv_positions_BS)
-  elif cache is None:
-    # Stacked layers: a scan, one copy of the block in the program
-    # (optionally rematerialised in the backward pass).
-    def body(x_BTD, xs):
-      layer_params, flag = xs
-      return block(x_BTD, layer_params, static_local if flag is None else flag)[0], None
-    if cfg.remat != "none":
-      body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
-    x_BTD, _ = jax.lax.scan(body, x_BTD, (layers, local_L))
-  else:
-    # Stacked layers with a cache (a prefill): the per-layer cache buffers
-    # are stacked to ride through the scan as xs/ys and split again after
-    # it, one copy of the cache each way per call (fine once per prefill,
-    # not per decode step), for a program of one block instead of L.
-    def body(x_BTD, xs):
-      layer_params, flag, k_BKHS, v_BKSH = xs
-      x_BTD, k_BKHS, v_BKSH = block(x_BTD, layer_params, static_local if flag is None else flag,
-                                    k_BKHS, v_BKSH)
-      return x_BTD, (k_BKHS, v_BKSH)
-    x_BTD, (k_LBKHS, v_LBKSH) = jax.lax.scan(
-        body, x_BTD, (layers, local_L, jnp.stack(cache.k_BKHS), jnp.stack(cache.v_BKSH)))
-    new_cache = KVCache(k_BKHS=tuple(k_LBKHS), v_BKSH=tuple(v_LBKSH), mask_BS=kv_mask_BS,
-                        index=index + T, positions_BS=kv_positions_BS)
+  if kv is not None:
+    new_cache = KVCache(k_BKHS=kv[0], v_BKSH=kv[1], mask_BS=vis.kv_mask_BS, index=index + T,
+                        positions_BS=vis.kv_positions_BS)
   hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps,
                            cfg.norm_plus_one)
   return hidden_BTD, new_cache

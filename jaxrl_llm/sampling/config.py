@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrl_llm.checks import DTYPES, bad, check_bool, check_choice, check_float, check_int
-from jaxrl_llm.sampling.mismatch import QUANT_MODES, SamplerMismatch
+from jaxrl_llm.sampling.mismatch import SamplerMismatch
 from jaxrl_llm.model.gguf_export import GGUF_EXPORT_TYPES
 
 # An external engine's server (engine 'openai', sampling/openai_engine.py): how it gets the weights
@@ -147,13 +147,61 @@ class SamplingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServerConfig:
+  """The run config's `rollout.server` section: engine 'openai' (sampling/openai_engine.py), an
+  OpenAI-compatible completions server (llama.cpp's), and how it gets the weights (weight_sync.py).
+  Each field is a key, `--config.rollout.server.<field>=...`; training/defaults.py builds the block
+  from these defaults. The engine reads this dataclass as it is."""
+
+  url: str = ""  # http://HOST:PORT of a running server; "": the engine starts llama.cpp's server itself
+  model: str = ""  # model id the server must serve (GET /v1/models); "": the only one it serves
+  command: str = "llama-server"  # llama.cpp server (and flags, e.g. "llama-server -t 2") that the engine starts
+  export: str = "f32"  # f32 | f16 | q8_0 | q4_0: GGUF type of the weight matrices pushed at each sync
+  # how the server gets the weights: restart (export GGUF, restart the started server) | sglang (a HF
+  # directory + POST /update_weights_from_disk) | none (fixed weights)
+  sync: str = "restart"
+  sync_every: int = 1  # RL steps between weight pushes to the server (samples record the version they used)
+  concurrency: int = 8  # requests in flight (the started server's slots, -np)
+  timeout_s: float = 120.0  # seconds per request before it counts as failed
+  retries: int = 3  # retries of a failed request, after backoff_s * 2^attempt seconds
+  backoff_s: float = 0.5  # first back-off, seconds
+  # a request that kept failing: resample (new seed, up to `retries` rounds) | drop (its sample masked out)
+  on_failure: str = "resample"
+  on_exit: str = "restart"  # the server gone mid-run: restart it (a started one) | wait (wait_s) | error
+  wait_s: float = 120.0  # seconds to wait for a server to start or to come back
+
+  def __post_init__(self):
+    for name in ("url", "model", "command"):
+      if not isinstance(getattr(self, name), str):
+        raise bad(f"config.rollout.server.{name}", getattr(self, name), "a string")
+    check_choice("config.rollout.server.export", self.export, GGUF_EXPORT_TYPES)
+    check_choice("config.rollout.server.sync", self.sync, SERVER_SYNCS)
+    check_int("config.rollout.server.sync_every", self.sync_every, 1)
+    check_int("config.rollout.server.concurrency", self.concurrency, 1, 1024)
+    check_int("config.rollout.server.retries", self.retries, 0, 100)
+    check_choice("config.rollout.server.on_failure", self.on_failure, SERVER_ON_FAILURE)
+    check_choice("config.rollout.server.on_exit", self.on_exit, SERVER_ON_EXIT)
+    # Seconds as floats, so that equal settings compare (and hash) equal.
+    for name, low_open, high in (("timeout_s", True, 86400.0), ("backoff_s", False, 3600.0),
+                                 ("wait_s", True, 86400.0)):
+      value = check_float(f"config.rollout.server.{name}", getattr(self, name), 0.0, high, low_open=low_open)
+      object.__setattr__(self, name, value)
+
+  @property
+  def managed(self) -> bool:
+    """The engine starts llama.cpp's server itself and restarts it on each export (sync='restart')."""
+    return self.sync == "restart"
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  """The run config's `rollout` section (keys documented in jaxrl_llm/training/defaults.py):
-  how many samples a step draws, from which engine, with what settings and mismatch.
+  """The run config's `rollout` section (its own keys documented in jaxrl_llm/training/defaults.py;
+  the `mismatch` and `server` sections by their dataclasses): how many samples a step draws, from
+  which engine, with what settings and mismatch.
 
   The mismatch between the sampler mu and the trainer's pi_prox is dialled by
-  `sampler_dtype`, `staleness` and, for the built-in engine, `quant` /
-  `quant_group` / `noise` / `noise_seed` (sampling/mismatch.py); all combine.
+  `sampler_dtype`, `staleness` and, for the built-in engine, `mismatch`
+  (quant, quant_group, noise, noise_seed: sampling/mismatch.py); all combine.
   """
 
   engine: str  # a rollout engine of sampling/engine.py's registry (checked against it by RunConfig)
@@ -165,28 +213,10 @@ class RolloutConfig:
   top_p: float
   sampler_dtype: str
   staleness: int
+  overlap: bool  # generate the next batches in the background (training/async_rollout.py); needs staleness >= 1
   record_topk: int
-  quant: str = "none"  # none | int8 | int4: the built-in sampler's weight matrices fake-quantised
-  quant_group: int = 32  # weights per quantisation block (llama.cpp's Q8_0 / Q4_0 use 32)
-  noise: float = 0.0  # relative std of a Gaussian perturbation of the sampler's weight matrices; 0 = off
-  noise_seed: int = 0  # seed of that perturbation (fixed for the run)
-  # config key `rollout.async` (a Python keyword: the field takes PEP 8's trailing underscore):
-  # generate step s+1's batch while step s updates (training/async_rollout.py); needs staleness >= 1
-  async_: bool = False
-  # External engines (engine 'openai'; keys documented in training/defaults.py):
-  sync_every: int = 1  # steps between weight pushes to the engine's server
-  server_url: str = ""  # http://HOST:PORT of a running server; "": the engine starts llama.cpp's itself
-  server_model: str = ""  # the model id the server must serve; "": its only one
-  server_command: str = "llama-server"  # the llama.cpp server the engine starts (server_sync='restart')
-  server_export: str = "f32"  # GGUF tensor type of the exported weights: f32 | f16 | q8_0 | q4_0
-  server_sync: str = "restart"  # restart | sglang | none
-  server_concurrency: int = 8  # requests in flight (and the started server's slots)
-  server_timeout_s: float = 120.0  # per request
-  server_retries: int = 3  # retries of a failed request, back-off server_backoff_s * 2^attempt
-  server_backoff_s: float = 0.5
-  server_on_failure: str = "resample"  # resample | drop: a sample whose request kept failing
-  server_on_exit: str = "restart"  # restart | wait | error: the server gone mid-run
-  server_wait_s: float = 120.0  # how long to wait for a server to start or come back
+  mismatch: SamplerMismatch = SamplerMismatch()  # the built-in sampler's weight mismatch (quantisation, noise)
+  server: ServerConfig = ServerConfig()  # an external engine's server (engine 'openai')
 
   @property
   def batch_size(self) -> int:
@@ -205,50 +235,32 @@ class RolloutConfig:
     check_choice("config.rollout.sampler_dtype", self.sampler_dtype, DTYPES)
     check_int("config.rollout.staleness", self.staleness, 0, 64)
     check_int("config.rollout.record_topk", self.record_topk, 0)
-    check_choice("config.rollout.quant", self.quant, QUANT_MODES)
-    check_int("config.rollout.quant_group", self.quant_group, 1, 1 << 20)
-    check_float("config.rollout.noise", self.noise, 0.0, 1.0)
-    check_int("config.rollout.noise_seed", self.noise_seed, 0)
-    check_bool("config.rollout.async", self.async_)
-    if self.async_ and self.staleness < 1:
-      raise bad("config.rollout.staleness", self.staleness, "rollout.async=True samples step s+1's batch while "
+    check_bool("config.rollout.overlap", self.overlap)
+    if self.overlap and self.staleness < 1:
+      raise bad("config.rollout.staleness", self.staleness, "rollout.overlap=True samples step s+1's batch while "
                 "step s updates, so with params at least one step old: use staleness >= 1 (it is the queue depth)")
-    check_int("config.rollout.sync_every", self.sync_every, 1)
-    for name in ("server_url", "server_model", "server_command"):
-      if not isinstance(getattr(self, name), str):
-        raise bad(f"config.rollout.{name}", getattr(self, name), "a string")
-    check_choice("config.rollout.server_export", self.server_export, GGUF_EXPORT_TYPES)
-    check_choice("config.rollout.server_sync", self.server_sync, SERVER_SYNCS)
-    check_int("config.rollout.server_concurrency", self.server_concurrency, 1, 1024)
-    check_float("config.rollout.server_timeout_s", self.server_timeout_s, 0.0, 86400.0, low_open=True)
-    check_int("config.rollout.server_retries", self.server_retries, 0, 100)
-    check_float("config.rollout.server_backoff_s", self.server_backoff_s, 0.0, 3600.0)
-    check_choice("config.rollout.server_on_failure", self.server_on_failure, SERVER_ON_FAILURE)
-    check_choice("config.rollout.server_on_exit", self.server_on_exit, SERVER_ON_EXIT)
-    check_float("config.rollout.server_wait_s", self.server_wait_s, 0.0, 86400.0, low_open=True)
+    if not isinstance(self.mismatch, SamplerMismatch):
+      raise bad("config.rollout.mismatch", self.mismatch, "a SamplerMismatch (sampling/mismatch.py)")
+    if not isinstance(self.server, ServerConfig):
+      raise bad("config.rollout.server", self.server, "a ServerConfig (sampling/config.py)")
+    server = self.server
     if self.engine == "openai":
-      managed = self.server_sync == "restart"
-      if managed and self.server_url:
-        raise bad("config.rollout.server_url", self.server_url, "server_sync='restart' starts its own llama.cpp "
-                  "server: leave server_url empty, or choose server_sync 'sglang' or 'none' for a running server")
-      if not managed and not self.server_url:
-        raise bad("config.rollout.server_url", self.server_url, f"server_sync={self.server_sync!r} needs the "
+      if server.managed and server.url:
+        raise bad("config.rollout.server.url", server.url, "server.sync='restart' starts its own llama.cpp "
+                  "server: leave server.url empty, or choose server.sync 'sglang' or 'none' for a running server")
+      if not server.managed and not server.url:
+        raise bad("config.rollout.server.url", server.url, f"server.sync={server.sync!r} needs the "
                   "http://HOST:PORT of a running server")
-      if self.server_on_exit == "restart" and not managed:
-        raise bad("config.rollout.server_on_exit", self.server_on_exit, "only a server the engine started "
-                  "(server_sync='restart') can be restarted: use 'wait' or 'error'")
+      if server.on_exit == "restart" and not server.managed:
+        raise bad("config.rollout.server.on_exit", server.on_exit, "only a server the engine started "
+                  "(server.sync='restart') can be restarted: use 'wait' or 'error'")
       if self.sampler_dtype != "float32":
         raise bad("config.rollout.sampler_dtype", self.sampler_dtype, "engine 'openai' samples at the precision "
-                  "of config.rollout.server_export: use 'float32'")
+                  "of config.rollout.server.export: use 'float32'")
     if self.mismatch.active and self.engine != "builtin":
-      raise bad("config.rollout.engine", self.engine, "rollout.quant and rollout.noise are applied by the "
-                "built-in sampler only: use engine 'builtin', or quant='none' and noise=0")
-
-  @property
-  def mismatch(self) -> SamplerMismatch:
-    """The built-in sampler's weight mismatch (quantisation, noise)."""
-    return SamplerMismatch(quant=self.quant, group=self.quant_group, noise=float(self.noise),
-                           noise_seed=self.noise_seed)
+      raise bad("config.rollout.engine", self.engine, "rollout.mismatch.quant and rollout.mismatch.noise are "
+                "applied by the built-in sampler only: use engine 'builtin', or mismatch.quant='none' and "
+                "mismatch.noise=0")
 
   @property
   def mismatched(self) -> bool:

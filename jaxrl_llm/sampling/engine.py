@@ -1,4 +1,4 @@
-"""The rollout-engine contract: whatever samples the tokens (mu, spec 002 section 1).
+"""The rollout-engine contract: whatever samples the tokens (mu, docs/objectives.md section 1).
 
 A rollout engine turns a batch of prompts into G samples per prompt and
 returns them as a `RolloutBatch`, with the behaviour log-probs log mu of
@@ -58,6 +58,12 @@ class RolloutBatch:
   tags: tuple[str, ...]  # [B] task tags (Example.tag)
   responses: tuple[str, ...]  # [B] decoded text up to EOS
   version_B: np.ndarray  # int32 [B] policy version (the `version` of the engine's last sync) that sampled the row; -1: none
+
+  @property
+  def sampled_B(self) -> np.ndarray:
+    """bool [B]: the row holds a sample. False for a request the external engine dropped
+    (rollout.server.on_failure=drop: no tokens); the built-in sampler always emits at least one token."""
+    return self.length_B > 0
 
   @staticmethod
   def concat(parts: list["RolloutBatch"]) -> "RolloutBatch":
@@ -137,7 +143,7 @@ class JaxSampler:
 
   `sync` keeps a reference to the params (no copy): the trainer hands it the
   policy, or a snapshot k steps old under `rollout.staleness`. With a weight
-  `mismatch` (rollout.quant / rollout.noise) `sync` derives the sampler's own
+  `mismatch` (rollout.mismatch: quant, noise) `sync` derives the sampler's own
   weights from them instead (`mismatch.mismatched_params`, one copy).
   """
 

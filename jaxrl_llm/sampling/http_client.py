@@ -30,7 +30,7 @@ class ServerRejected(ConfigError):
   """HTTP 4xx: the request itself is wrong for this server."""
 
 
-def parse_base_url(url: str, field: str = "config.rollout.server_url") -> tuple[str, int, str]:
+def parse_base_url(url: str, field: str = "config.rollout.server.url") -> tuple[str, int, str]:
   """(host, port, path prefix) of an http:// base URL, or a ConfigError naming `field`."""
   parts = urllib.parse.urlsplit(url)
   if parts.scheme != "http" or not parts.hostname:

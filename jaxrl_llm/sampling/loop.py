@@ -193,12 +193,10 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
 # step, so a query at slot P + t pays for only a static prefix just past
 # P + t instead of all S slots (about 1/3 less attention work at 4 segments).
 # Each segment is one more compiled copy of the loop body (whose L layers are
-# unrolled: at 10 layers jit(decode) compiles in 2.7 s on this project's
-# 2-core CPU with 1 segment, 4.7 s with 4); between
-# segments the cache is padded (one copy of it per boundary, not per step).
-# At batch 64, 128 new tokens, 1 segment was ~15-20% slower than 2 or 4
-# (scripts/bench_sampler.py); 2 and 4 were within the run-to-run spread,
-# and 4 keeps more of the saving for long responses.
+# unrolled), so more segments cost compile time; between segments the cache
+# is padded (one copy of it per boundary, not per step). 4 keeps more of the
+# saving for long responses than 2; the compile times and speeds of 1, 2 and
+# 4 segments are in docs/benchmarks.md ("Sampler", scripts/bench_sampler.py).
 _SEGMENTS = 4
 
 

@@ -1,14 +1,15 @@
 """A sampler mismatch you can dial: mu != pi_prox on purpose, and how far apart they are.
 
 Real rollout engines do not run the trainer's weights exactly: they quantise
-them, run other kernels and lag behind (spec 002 section 1.1, spec 000
-appendix C, "rollout mismatch"). The built-in sampler reproduces the first
-two on purpose, so that the off-policy corrections of spec 002 sections 3-4
-(c = pi_prox / mu) can be studied with a known, adjustable mismatch:
+them, run other kernels and lag behind (docs/objectives.md sections 1 and
+12, "rollout mismatch"). The built-in sampler reproduces the first
+two on purpose, so that the off-policy corrections of docs/objectives.md
+section 4 (c = pi_prox / mu) can be studied with a known, adjustable mismatch
+(`SamplerMismatch`, the run config's `rollout.mismatch` section):
 
 * `quant`: group-wise symmetric fake quantisation of the weight matrices,
   after llama.cpp's block formats (ggml-quants.c, quantize_row_q8_0_ref and
-  quantize_row_q4_0_ref): blocks of `group` consecutive weights along the
+  quantize_row_q4_0_ref): blocks of `quant_group` consecutive weights along the
   matmul's input axis (the axis llama.cpp blocks along), one scale per
   block stored as float16, and
 
@@ -18,7 +19,7 @@ two on purpose, so that the off-policy corrections of spec 002 sections 3-4
   where amax = max |x| over the block and max is the block's value of
   largest magnitude, with its sign (so it lands exactly on level -8). The
   dequantised weights x' replace the matrices (fake quantisation: the
-  sampler still runs float matmuls). A last block shorter than `group` is
+  sampler still runs float matmuls). A last block shorter than `quant_group` is
   quantised on its own (llama.cpp refuses such rows; we keep them).
 * `noise`: a relative Gaussian perturbation x' = x (1 + noise * eps) of the
   same matrices, eps ~ N(0, 1) drawn once from `noise_seed` (one stream per
@@ -62,18 +63,20 @@ MATRICES = {
 
 @dataclasses.dataclass(frozen=True)
 class SamplerMismatch:
-  """How the sampler's weights differ from the policy's (hashable: a jit static argument)."""
+  """How the sampler's weights differ from the policy's: the run config's `rollout.mismatch`
+  section (built-in engine; `--config.rollout.mismatch.<field>=...`, training/defaults.py builds
+  the block from these defaults). Hashable: a jit static argument."""
 
-  quant: str = "none"  # none | int8 | int4: fake quantisation of the weight matrices
-  group: int = 32  # weights per quantisation block, along the input axis
-  noise: float = 0.0  # relative std of the Gaussian perturbation; 0 = off
-  noise_seed: int = 0  # seed of the perturbation's eps
+  quant: str = "none"  # none | int8 | int4: the weight matrices fake-quantised like llama.cpp's Q8_0 / Q4_0
+  quant_group: int = 32  # weights per quantisation block (one float16 scale each), along the input axis
+  noise: float = 0.0  # relative std of a Gaussian perturbation w (1 + noise eps) of the matrices; 0 = off
+  noise_seed: int = 0  # seed of eps (drawn once: the same perturbation at every weight refresh)
 
   def __post_init__(self):
-    check_choice("SamplerMismatch.quant", self.quant, QUANT_MODES)
-    check_int("SamplerMismatch.group", self.group, 1, 1 << 20)
-    object.__setattr__(self, "noise", check_float("SamplerMismatch.noise", self.noise, 0.0, 1.0))
-    check_int("SamplerMismatch.noise_seed", self.noise_seed, 0)
+    check_choice("config.rollout.mismatch.quant", self.quant, QUANT_MODES)
+    check_int("config.rollout.mismatch.quant_group", self.quant_group, 1, 1 << 20)
+    object.__setattr__(self, "noise", check_float("config.rollout.mismatch.noise", self.noise, 0.0, 1.0))
+    check_int("config.rollout.mismatch.noise_seed", self.noise_seed, 0)
 
   @property
   def active(self) -> bool:
@@ -161,7 +164,7 @@ def mismatched_params(params: dict, mismatch: SamplerMismatch) -> dict:
       eps = jax.random.normal(k, w.shape, jnp.float32)
       w = (w.astype(jnp.float32) * (1.0 + mismatch.noise * eps)).astype(leaf.dtype)
     if mismatch.quant != "none":
-      w = fake_quantize(w, bits=8 if mismatch.quant == "int8" else 4, group=mismatch.group,
+      w = fake_quantize(w, bits=8 if mismatch.quant == "int8" else 4, group=mismatch.quant_group,
                         axes=MATRICES[name])
     return w
 
@@ -176,8 +179,8 @@ C_BANDS = ((0.5, 2.0), (0.5, 5.0))
 def mismatch_metrics(prox_logp_BR, behav_logp_BR, mask_BR) -> dict[str, float]:
   """What a step's mismatch produced, over its response tokens (host numbers).
 
-  log c = log pi_prox - log mu per token (c = pi_prox / mu, spec 002 section
-  1.1), unclamped:
+  log c = log pi_prox - log mu per token (c = pi_prox / mu, docs/objectives.md
+  eq. 1.1), unclamped:
     mismatch/log_c_mean, mismatch/log_c_abs_mean, mismatch/log_c_q{01,10,50,90,99};
     mismatch/seq_abs_log_c_mean and _max: |log c_i| = |sum_t log c_{i,t}| of each answer;
     mismatch/c_out_0.5_2_frac and mismatch/c_out_0.5_5_frac: tokens with c outside [0.5, 2] and [0.5, 5].

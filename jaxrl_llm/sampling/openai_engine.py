@@ -47,22 +47,22 @@ next to mu's, a KV cache length, TRM's token KL (it recomputes mu from the
 trainer's copy of the sampler, which here is a llama.cpp build).
 
 Failures. Each request has a timeout; one that fails (refused, reset, timed
-out, HTTP 5xx, malformed answer) is retried `server_retries` times with
+out, HTTP 5xx, malformed answer) is retried `server.retries` times with
 exponential back-off. A request that still fails is resampled with a new
-seed (`server_on_failure="resample"`, up to `server_retries` rounds) or its
+seed (`server.on_failure="resample"`, up to `server.retries` rounds) or its
 sample is dropped (`"drop"`: all-masked, length 0). A server process that
-has died is restarted on its current weights (`server_on_exit="restart"`),
+has died is restarted on its current weights (`server.on_exit="restart"`),
 waited for (`"wait"`, an external server), or is an error (`"error"`); the
 requests in flight are then sent again, so no sample is lost. HTTP 4xx is a
 configuration error, never retried. `metrics()` counts all of it.
 
-Weights (`sync(params, version)`, weight_sync.py): every `sync_every` steps
-the policy is exported (GGUF, `server_export` type) and the server process
-restarted on it; `sync_s` / `export_s` / `reload_s` measure it. Each sample
+Weights (`sync(params, version)`, weight_sync.py): every `server.sync_every`
+steps the policy is exported (GGUF, `server.export` type) and the server
+process restarted on it; `sync_s` / `export_s` / `reload_s` measure it. Each sample
 records the policy version it was drawn with (`RolloutBatch.version_B`).
 
 At start the engine checks that the server serves the expected model
-(`server_model`, /v1/models), that its vocabulary has the trainer's size
+(`server.model`, /v1/models), that its vocabulary has the trainer's size
 (/v1/models meta.n_vocab) and that its tokenizer encodes a probe text to the
 trainer's ids (/tokenize): a mismatch is an error before any rollout.
 """
@@ -84,10 +84,10 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.gguf_export import check_tokenizer_exportable
 from jaxrl_llm.model.tokenizer import CharTokenizer
-from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.config import SamplingConfig, ServerConfig
 from jaxrl_llm.sampling.engine import RolloutBatch, register_engine
 from jaxrl_llm.sampling.http_client import ServerClient, ServerRejected, ServerUnavailable
-from jaxrl_llm.sampling.openai_request import _APPLIED, ServerEngineConfig, request_fields
+from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, request_fields
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
 from jaxrl_llm.sampling.weight_sync import NoSync, RestartSync, SGLangDiskSync, WeightSync
@@ -108,7 +108,7 @@ class OpenAIEngine:
   """A rollout engine over an OpenAI-compatible completions server (llama.cpp's)."""
 
   def __init__(self, *, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tokenizer,
-               settings: ServerEngineConfig, weight_sync: WeightSync | None = None,
+               settings: ServerConfig, weight_sync: WeightSync | None = None,
                process: LlamaServerProcess | None = None):
     self.model_cfg, self.scfg, self.tokenizer, self.cfg = model_cfg, sampling_cfg, tokenizer, settings
     self.fields = request_fields(sampling_cfg, model_cfg.vocab_size)
@@ -124,11 +124,13 @@ class OpenAIEngine:
                                    "server_exits", "server_restarts", "syncs"), 0)
     self.timings = dict.fromkeys(("sync_s", "export_s", "reload_s"), 0.0)
     if settings.url:  # an external server: check it now, before any training
-      self._connect(settings.url)
+      self.connect(settings.url)
 
   # ---- the server --------------------------------------------------------------
 
-  def _connect(self, url: str) -> None:
+  def connect(self, url: str) -> None:
+    """Talk to the server at `url` from now on, after checking what it serves (`check_server`); the
+    weight sync calls it once its first server has started."""
     self.client = ServerClient(url, timeout_s=self.cfg.timeout_s)
     self.check_server()
 
@@ -143,15 +145,15 @@ class OpenAIEngine:
       except ServerUnavailable as e:
         waits = self.process is not None or self._waits()
         if time.monotonic() > deadline or not waits:
-          within = f" within config.rollout.server_wait_s={self.cfg.wait_s:g} s" if waits else ""
-          raise ConfigError(f"config.rollout.server_url={url!r}: no OpenAI-compatible server answers{within} "
+          within = f" within config.rollout.server.wait_s={self.cfg.wait_s:g} s" if waits else ""
+          raise ConfigError(f"config.rollout.server.url={url!r}: no OpenAI-compatible server answers{within} "
                             f"({e})") from None
         time.sleep(min(self.cfg.backoff_s, max(0.0, deadline - time.monotonic())))
     ids = [m.get("id") for m in models]
     if self.cfg.model and self.cfg.model not in ids:
-      raise ConfigError(f"config.rollout.server_model={self.cfg.model!r}: the server at {url} serves {ids}")
+      raise ConfigError(f"config.rollout.server.model={self.cfg.model!r}: the server at {url} serves {ids}")
     if not self.cfg.model and len(ids) != 1:
-      raise ConfigError(f"config.rollout.server_model='' but the server at {url} serves {len(ids)} models {ids}: "
+      raise ConfigError(f"config.rollout.server.model='' but the server at {url} serves {len(ids)} models {ids}: "
                         "name the one to sample from")
     self.model_name = self.cfg.model or ids[0]
     meta = models[ids.index(self.model_name)].get("meta") or {}
@@ -190,7 +192,7 @@ class OpenAIEngine:
                       "checked", self.client.base_url)
       return
     settings = applied.get("generation_settings") or {}
-    expected = {k: self.fields[k] for k in _APPLIED}
+    expected = {k: self.fields[k] for k in APPLIED_FIELDS}
     expected.update(ignore_eos=False, min_keep=0)
     for key, want in expected.items():
       got = settings.get(key)
@@ -226,7 +228,7 @@ class OpenAIEngine:
         code = self.process.exit_code
         if self.cfg.on_exit != "restart":
           raise RuntimeError(f"rollout engine: the llama.cpp server on {self.process.url} exited (code {code}) "
-                             f"and config.rollout.server_on_exit={self.cfg.on_exit!r}") from None
+                             f"and config.rollout.server.on_exit={self.cfg.on_exit!r}") from None
         if self._restarts_this_call > self.cfg.retries:
           raise RuntimeError(f"rollout engine: the llama.cpp server exited {self._restarts_this_call} times during "
                              f"one rollout (last code {code}): {err}") from None
@@ -244,7 +246,7 @@ class OpenAIEngine:
         pass
       if not self._waits():
         raise RuntimeError(f"rollout engine: the server at {self.client.base_url} does not answer ({err}) and "
-                           f"config.rollout.server_on_exit={self.cfg.on_exit!r}") from None
+                           f"config.rollout.server.on_exit={self.cfg.on_exit!r}") from None
       logging.warning("rollout engine: the server at %s does not answer; waiting up to %g s", self.client.base_url,
                       self.cfg.wait_s)
       deadline = time.monotonic() + self.cfg.wait_s
@@ -257,7 +259,7 @@ class OpenAIEngine:
         except (ServerUnavailable, ServerRejected):
           time.sleep(min(1.0, self.cfg.backoff_s))
       raise RuntimeError(f"rollout engine: the server at {self.client.base_url} did not come back within "
-                         f"config.rollout.server_wait_s={self.cfg.wait_s:g} s ({err})") from None
+                         f"config.rollout.server.wait_s={self.cfg.wait_s:g} s ({err})") from None
 
   def _post(self, path: str, payload: dict, parse=lambda answer: answer):
     """POST, `parse` the answer; retried on ServerUnavailable (a malformed answer included)."""
@@ -280,7 +282,7 @@ class OpenAIEngine:
   # ---- the contract ---------------------------------------------------------------
 
   def sync(self, params, version: int) -> None:
-    """Push `params` to the server when `sync_every` steps have passed since the last push."""
+    """Push `params` to the server when `server.sync_every` steps have passed since the last push."""
     if self.synced_step is not None and version - self.synced_step < self.cfg.sync_every:
       return
     t0 = time.perf_counter()
@@ -423,24 +425,30 @@ def _log(p: float) -> float:
 
 
 def make_openai_engine(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg=None,
-                       settings: ServerEngineConfig | None = None) -> OpenAIEngine:
-  """The registry's factory: settings from run_cfg.rollout (or given), the weight sync they name."""
+                       settings: ServerConfig | None = None, ctx_per_slot: int = 1024,
+                       hf_path: str = "") -> OpenAIEngine:
+  """The registry's factory: the settings of run_cfg.rollout.server (or given), the weight sync they name.
+
+  `ctx_per_slot` is a started server's context per slot (prompt + response tokens) and `hf_path` the
+  run's model.hf_path (a GGUF-converted checkpoint's tokenizer goes into the export); with run_cfg
+  both come from it."""
   del batch_sharding  # the server holds the rows
   if run_cfg is not None:
     if run_cfg.objective.needs_token_kl:
       raise ConfigError(f"config.rollout.engine='openai' cannot serve objective {run_cfg.method!r}: its token "
                         "KL(mu || pi_theta) recomputes mu with the trainer's own sampler, not the server")
-    settings = settings or ServerEngineConfig.from_rollout(run_cfg.rollout, run_cfg.data.max_prompt_len,
-                                                           run_cfg.model.hf_path)
-  settings = settings or ServerEngineConfig()
+    settings = settings or run_cfg.rollout.server
+    ctx_per_slot = (run_cfg.data.max_prompt_len or 512) + run_cfg.rollout.max_response_len + 8
+    hf_path = run_cfg.model.hf_path
+  settings = settings or ServerConfig()
   process = None
-  if settings.sync == "restart":
-    check_tokenizer_exportable(tokenizer, settings.hf_path)  # before any training, not at the first sync
+  if settings.managed:
+    check_tokenizer_exportable(tokenizer, hf_path)  # before any training, not at the first sync
     process = LlamaServerProcess(settings.command, alias=settings.model or "jaxrl_llm-policy",
-                                 slots=settings.concurrency, ctx_per_slot=settings.ctx_per_slot,
+                                 slots=settings.concurrency, ctx_per_slot=ctx_per_slot,
                                  wait_s=settings.wait_s, log_dir=RestartSync.make_dir(),
                                  exact=settings.export == "f32")
-    sync = RestartSync(model_cfg=model_cfg, tokenizer=tokenizer, qtype=settings.export, hf_path=settings.hf_path,
+    sync = RestartSync(model_cfg=model_cfg, tokenizer=tokenizer, qtype=settings.export, hf_path=hf_path,
                        out_dir=process.log_dir)
   elif settings.sync == "sglang":
     sync = SGLangDiskSync(model_cfg=model_cfg)

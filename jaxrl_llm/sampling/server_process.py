@@ -59,10 +59,10 @@ class LlamaServerProcess:
                log_dir: str, port: int = 0, exact: bool = False):
     argv = shlex.split(command)
     if not argv:
-      raise ConfigError("config.rollout.server_command='' is invalid: the llama.cpp server to start "
+      raise ConfigError("config.rollout.server.command='' is invalid: the llama.cpp server to start "
                         "(e.g. 'llama-server')")
     if shutil.which(argv[0]) is None:
-      raise ConfigError(f"config.rollout.server_command={command!r}: {argv[0]!r} is not an executable on PATH "
+      raise ConfigError(f"config.rollout.server.command={command!r}: {argv[0]!r} is not an executable on PATH "
                         "(llama.cpp's llama-server; see tests/sampling/test_llama_cpp_engine.py for how to build it)")
     self.argv, self.alias, self.slots, self.ctx_per_slot = argv, alias, slots, ctx_per_slot
     # f32 keys and values, no flash attention: llama.cpp's defaults (an f16 KV cache; a CPU flash-attention
@@ -115,7 +115,7 @@ class LlamaServerProcess:
       if time.monotonic() > deadline:
         self.stop()
         raise ConfigError(f"llama.cpp server on {self.url} did not become ready within "
-                          f"config.rollout.server_wait_s={self.wait_s:g} s: {_tail(self.log_path)}")
+                          f"config.rollout.server.wait_s={self.wait_s:g} s: {_tail(self.log_path)}")
       time.sleep(0.05)
 
   def stop(self) -> None:

@@ -1,11 +1,11 @@
-"""How an external rollout engine's server gets the trainer's weights (`config.rollout.server_sync`).
+"""How an external rollout engine's server gets the trainer's weights (`config.rollout.server.sync`).
 
 `push(engine, params, version)` makes the server sample with `params` from
 now on and returns what it cost (`SyncCost`), or None when the server's
 weights are not the trainer's to set.
 
 * `RestartSync` ("restart", llama.cpp): export the params to a GGUF file
-  (model/gguf_export.py, `server_export` = f32 | f16 | q8_0 | q4_0) and
+  (model/gguf_export.py, `server.export` = f32 | f16 | q8_0 | q4_0) and
   restart the server process on it (server_process.py). Runs here, tested
   against llama.cpp's server.
 * `SGLangDiskSync` ("sglang"): write the params as a Hugging Face checkpoint
@@ -20,7 +20,7 @@ weights are not the trainer's to set.
   NCCL or CUDA IPC from a trainer process that joins its process group) has
   no CPU path; a hook would be a `WeightSync` whose `push` makes those four
   calls around a broadcast of the Hugging Face tensors (`hf_io.name_table`
-  gives their names and layout). It cannot be run or tested on this machine.
+  gives their names and layout). Running or testing it needs a GPU.
 * `NoSync` ("none"): an external server whose weights stay fixed; its
   samples record policy version -1 (no trainer step made them).
 """
@@ -91,10 +91,10 @@ class RestartSync:
       raise OSError(errno.ENOSPC, f"rollout engine: no space left on device for the weight sync of policy "
                     f"version {version} to {path} ({free / 2**20:.1f} MiB free in {self.out_dir}); the partial "
                     f"file is removed and the server {serving}. Free space (or choose a smaller "
-                    f"config.rollout.server_export) and rerun to resume from the last checkpoint") from None
+                    f"config.rollout.server.export) and rerun to resume from the last checkpoint") from None
     reload_s = engine.process.start(path)
     if engine.client is None:  # the first server: check its model and vocabulary once
-      engine._connect(engine.process.url)
+      engine.connect(engine.process.url)
     if self.current and self.current != path and os.path.exists(self.current):
       os.remove(self.current)
     self.current = path

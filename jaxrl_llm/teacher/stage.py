@@ -1,16 +1,17 @@
 """The teacher's view of a batch and how it rewrites the update's inputs.
 
-``TeacherStage.signals`` runs the teacher (on its own context, eq. 25) and the
+``TeacherStage.signals`` runs the teacher (on its own context, eq. 11.1) and the
 student over the rollouts and keeps per token, on the host, only [B, R]
 signals from the kernels (``kernels.impl``): log q(y_t), log p(y_t), the gap
-Delta_t (eq. 33), H(q_t) (eq. 55) and KL(p_t || q_t); plus, for the loss
+Delta_t (eq. 11.7), H(q_t) (eq. 11.16) and KL(p_t || q_t); plus, for the loss
 forms, the teacher's final hidden states [B, R, E] (or its top-k ids and
 log-probs [B, R, K]), from which the update rebuilds q (loss.py). No
 [B, R, V] array leaves the device.
 
 ``TeacherStage.apply`` turns the signals into advantages and the loss term's
-weights: the route z (SRPO, eq. 34; a task tag without a teacher: m_i = 0),
-the confidence tau (eq. 56) and the sign gate (SG-OPD, spec 000 section 6).
+weights: the route z (SRPO, eq. 11.10; a task tag without a teacher: m_i = 0),
+the confidence tau (eq. 11.17) and the sign gate (SG-OPD, eq. 11.18). Equation
+numbers are docs/objectives.md's (section 11).
 """
 
 from __future__ import annotations
@@ -39,11 +40,25 @@ def hint_examples(examples, template: str) -> list[Example]:
                   tag=e.tag) for e in examples]
 
 
-@functools.partial(jax.jit, static_argnames=("teacher_cfg", "student_cfg", "temperature", "impl", "topk",
-                                             "keep_hidden"))
+@dataclasses.dataclass(frozen=True)
+class _ScoreSpec:
+  """What stays fixed across one teacher's chunks (a static argument of the jitted pass)."""
+
+  teacher_cfg: model_lib.ModelConfig
+  student_cfg: model_lib.ModelConfig
+  temperature: float  # both distributions at the sampling temperature
+  impl: str  # kernels.impl
+  topk: int  # the teacher's top-k ids and log-probs kept per token; 0: none
+  keep_hidden: bool  # hand the teacher's final hidden states to the loss forms
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
 def _score_chunk(teacher_params, student_params, ctx_BC, ctx_mask_BC, prompt_BP, prompt_mask_BP, tokens_BR,
-                 mask_BR, *, teacher_cfg, student_cfg, temperature, impl, topk, keep_hidden):
-  """{name: [B, R(, ...)]}: the teacher's and the student's per-token terms, streamed over V."""
+                 mask_BR, *, spec: _ScoreSpec):
+  """{name: [B, R(, ...)]}: the teacher's and the student's per-token terms, streamed over V; the teacher
+  reads its context `ctx_BC` + the response, the student its prompt + the response."""
+  teacher_cfg, student_cfg, temperature, impl = spec.teacher_cfg, spec.student_cfg, spec.temperature, spec.impl
+  topk, keep_hidden = spec.topk, spec.keep_hidden
   inp = build_teacher_inputs(ctx_BC, ctx_mask_BC, tokens_BR, mask_BR)
   hidden_BSE, _ = model_lib.forward(teacher_params, teacher_cfg, inp.tokens_BS, inp.positions_BS, inp.mask_BS)
   t_hidden_BRE = gather_predictions(hidden_BSE, inp.predict_index_BR)
@@ -74,10 +89,10 @@ class TeacherSignals:
 
   teacher_logp_BR: np.ndarray  # f32 log q(y_t)
   student_logp_BR: np.ndarray  # f32 log p(y_t) (the params that start this step's updates)
-  gap_BR: np.ndarray  # f32 Delta = log q(y_t) - log p(y_t) (eq. 33)
-  teacher_entropy_BR: np.ndarray  # f32 H(q_t) (eq. 55)
+  gap_BR: np.ndarray  # f32 Delta = log q(y_t) - log p(y_t) (eq. 11.7)
+  teacher_entropy_BR: np.ndarray  # f32 H(q_t) (eq. 11.16)
   kl_BR: np.ndarray  # f32 KL(p_t || q_t) over the vocabulary
-  has_teacher_B: np.ndarray  # bool: usable teacher information (m_i of eq. 34)
+  has_teacher_B: np.ndarray  # bool: usable teacher information (m_i of eq. 11.10)
   loss_inputs: dict = dataclasses.field(default_factory=dict)  # teacher_loss keys (loss forms only)
 
 
@@ -190,9 +205,9 @@ class TeacherStage:
       for s in range(0, len(rows), chunk):
         r = rows[s:s + chunk]
         padded = np.concatenate([r, np.full(chunk - len(r), r[0])])  # one shape per teacher
-        res = jax.device_get(_score_chunk(
-            params, student_params, *(a[padded] for a in args), teacher_cfg=tcfg, student_cfg=self.student_cfg,
-            temperature=self.temperature, impl=self.impl, topk=k, keep_hidden=keep_hidden))
+        spec = _ScoreSpec(teacher_cfg=tcfg, student_cfg=self.student_cfg, temperature=self.temperature,
+                          impl=self.impl, topk=k, keep_hidden=bool(keep_hidden))
+        res = jax.device_get(_score_chunk(params, student_params, *(a[padded] for a in args), spec=spec))
         for name, v in res.items():
           v = np.asarray(v)[:len(r)]
           if name == teacher_loss.HIDDEN:
@@ -235,7 +250,7 @@ class TeacherStage:
       adv, routed = cfg.rl_coef * adv + cfg.coef * trust_BR * gap * m_B[:, None], m_B
     elif cfg.signal == "srpo":
       z_grpo, routed = teacher_routing.srpo_routes(jnp.asarray(correct_B) > 0.5, jnp.asarray(sig.has_teacher_B))
-      adv = adv * z_grpo[:, None]  # routed-away tokens keep counting in the normaliser (eq. 35)
+      adv = adv * z_grpo[:, None]  # routed-away tokens keep counting in the normaliser (eq. 11.11)
       weight_BR = cfg.coef * trust_BR * routed[:, None]
     else:  # rlsd; no teacher: Delta = 0, u = 1, the reward advantage unchanged
       adv, routed = teacher_w.rlsd_advantage(adv, gap, eps_w=cfg.eps_w, lam=cfg.lam), jnp.zeros(adv.shape[:1])

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (`rollout.async`): step s + 1's batch is generated while step s updates.
+"""Asynchronous rollouts (`rollout.overlap`): step s + 1's batch is generated while step s updates.
 
 Which policy samples which step. Step s (0-based, s = state.step) samples with
 theta_{max(s - k, 0)}, k = `rollout.staleness` >= 1 and theta_v the params after
@@ -14,7 +14,7 @@ What is generated does not change, only when. The prompts are drawn by the
 one thread that generates, in step order; step s's sampling key is
 split(key_s)[1], key_{s+1} = split(key_s)[0] from the run's key, the chain
 `rl_step` walks; the engine is synced with theta_{max(s-k,0)} at that version
-before step s's batch. So a run with `rollout.async` and one without, at the
+before step s's batch. So a run with `rollout.overlap` and one without, at the
 same staleness, are bit-identical (tests/training/test_async_rollout.py).
 
 Threads. A background thread syncs the engine and generates (the built-in

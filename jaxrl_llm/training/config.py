@@ -12,7 +12,7 @@ sections. Every check names the field, its value and what is allowed
 from __future__ import annotations
 
 import dataclasses
-import keyword
+import functools
 from typing import Any
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
@@ -25,9 +25,10 @@ from jaxrl_llm.sampling.config import RolloutConfig
 from jaxrl_llm.sampling.engine import engine_names
 from jaxrl_llm.tasks.config import DataConfig, TaskConfig
 from jaxrl_llm.teacher.config import TeacherConfig
-from jaxrl_llm.training.filters import FilterConfig
+from jaxrl_llm.training.score import FilterConfig
 from jaxrl_llm.training.guards import GuardConfig
 from jaxrl_llm.training.model_paths import resolve_model_paths
+from jaxrl_llm.training.prox import PROX_CHOICES, ProxPlan, resolve_prox
 from jaxrl_llm.training.sft import SFTConfig
 
 
@@ -41,13 +42,6 @@ def micro_batch_for_tokens(mini: int, seq_len: int, tokens: int, multiple: int =
   sizes = [m for m in range(multiple, mini + 1, multiple) if mini % m == 0]
   fitting = [m for m in sizes if m * seq_len <= tokens]
   return max(fitting) if fitting else min(sizes, default=mini)
-
-
-# log pi_prox (the params a batch's updates start from) is either recomputed with one forward pass over
-# the batch before its updates, or, at one update per batch, taken from that update's own forward pass
-# with its gradient stopped (TRL's GRPOTrainer at num_iterations=1): the same number, one pass fewer,
-# r = 1 exactly. `RunConfig.prox_detach_blockers` says what needs the recompute.
-PROX_SOURCES = ("recompute", "detach")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +59,7 @@ class TrainConfig:
   b2: float
   clip_norm: float
   value_lr: float
-  prox: str = "recompute"  # where log pi_prox comes from: recompute | detach (PROX_SOURCES)
+  prox: str  # where log pi_prox comes from: recompute | detach (training/prox.py)
 
   def __post_init__(self):
     check_int("config.train.steps", self.steps, 0)
@@ -81,7 +75,7 @@ class TrainConfig:
     check_float("config.train.b2", self.b2, 0.0, 1.0)
     check_float("config.train.clip_norm", self.clip_norm, 0.0)
     check_float("config.train.value_lr", self.value_lr, 0.0, 1.0, low_open=True)
-    check_choice("config.train.prox", self.prox, PROX_SOURCES)
+    check_choice("config.train.prox", self.prox, PROX_CHOICES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +93,7 @@ class LogConfig:
   progress: bool
   every: int
   kl_to_ref: bool
-  dump_steps: tuple[int, ...] = ()  # RL steps (1-based) whose batches the token-weight dump writes
+  dump_steps: tuple[int, ...]  # RL steps (1-based) whose batches the token-weight dump writes
 
   def __post_init__(self):
     check_bool("config.log.progress", self.progress)
@@ -124,7 +118,7 @@ SECTIONS: dict[str, type] = {
     "kernels": KernelsConfig,  # kernels/config.py
     "sft": SFTConfig,  # training/sft.py
     "rollout": RolloutConfig,  # sampling/config.py
-    "filters": FilterConfig,  # training/filters.py
+    "filters": FilterConfig,  # training/score.py
     "train": TrainConfig,
     "eval": EvalConfig,
     "log": LogConfig,
@@ -157,11 +151,11 @@ class RunConfig:
   eval: EvalConfig
   log: LogConfig
   objective: ObjectiveConfig
+  init_checkpoint: str  # new run's params from a run workdir or a HF directory; "" = fresh init
   name: str = ""  # what the run calls itself: the method, or a recipe built on it (sdpo = grpo + a teacher)
   guard: GuardConfig = GuardConfig()  # runs without a learning signal
   checkpoint: CheckpointConfig = CheckpointConfig()  # when to save, what to keep
   teacher: TeacherConfig = TeacherConfig()  # the teacher extension's section; source='none': no teacher
-  init_checkpoint: str = ""  # new run's params from a run workdir or a HF directory; "" = fresh init
 
   @property
   def mini_batch_size(self) -> int:
@@ -187,25 +181,11 @@ class RunConfig:
   def use_value(self) -> bool:
     return self.objective.advantage == "gae"
 
-  def prox_detach_blockers(self) -> list[str]:
-    """Why log pi_prox cannot come from the update's own forward pass (`train.prox='detach'`): what
-    uses it before the update, or a second update that would see other params."""
-    tr, obj = self.train, self.objective
-    out = []
-    if tr.epochs * tr.mini_batches > 1:
-      out.append(f"train.epochs x train.mini_batches = {tr.epochs * tr.mini_batches} updates per batch: after "
-                 "the first, pi_theta is no longer pi_prox")
-    if self.use_value:
-      out.append("objective.advantage='gae' reads the values of the recompute's pass")
-    if obj.needs_ref or self.log.kl_to_ref:
-      out.append("a KL to the reference (objective.kl_coef, log.kl_to_ref) is computed from log pi_prox "
-                 "before the update")
-    return out
-
-  @property
-  def prox_detached(self) -> bool:
-    """log pi_prox is the update's own log pi_theta, gradient stopped (train.prox='detach')."""
-    return self.train.prox == "detach"
+  @functools.cached_property
+  def prox(self) -> ProxPlan:
+    """Where log pi_prox comes from and whether the pre-update forward pass runs (training/prox.py),
+    resolved once; `__post_init__` resolves it first, so a refused choice stops the run there."""
+    return resolve_prox(self)
 
   @property
   def run_name(self) -> str:
@@ -224,10 +204,9 @@ class RunConfig:
                 f"(or identically zero) with one sample per prompt: use group_size >= 2")
     if self.filters.dynamic_sampling and G < 2:
       raise bad("config.rollout.group_size", G, "filters.dynamic_sampling drops groups with equal rewards: needs >= 2")
-    if tr.prox == "detach" and self.prox_detach_blockers():
-      raise bad("config.train.prox", tr.prox, f"{self.prox_detach_blockers()[0]}: use 'recompute'")
-    if self.filters.dynamic_sampling and ro.async_:
-      raise bad("config.filters.dynamic_sampling", True, "rollout.async generates the next batch before this one "
+    self.prox  # noqa: B018  (resolves train.prox against the objective; raises where it is refused)
+    if self.filters.dynamic_sampling and ro.overlap:
+      raise bad("config.filters.dynamic_sampling", True, "rollout.overlap generates the next batch before this one "
                 "is scored, and the refill rounds depend on the scores: use one of the two")
     if ro.batch_size % tr.mini_batches:
       raise bad("config.train.mini_batches", tr.mini_batches,
@@ -282,9 +261,11 @@ def resolve_objective(method: str, block: dict) -> ObjectiveConfig:
 
 
 def _section(name: str, cls: type, block: dict):
-  # A key that is a Python keyword (rollout.async) is the field of that name plus "_" (PEP 8).
-  block = {f"{k}_" if keyword.iskeyword(k) else k: v for k, v in block.items()}
   check_keys(f"config.{name}", block, [f.name for f in dataclasses.fields(cls)])
+  # A section inside the section (rollout.mismatch, rollout.server): a field whose default is its dataclass.
+  inner = {f.name: type(f.default) for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.default)}
+  block = {k: _section(f"{name}.{k}", inner[k], v) if k in inner and isinstance(v, dict) else v
+           for k, v in block.items()}
   try:
     return cls(**block)
   except ConfigError as e:

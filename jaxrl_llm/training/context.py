@@ -23,6 +23,7 @@ from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.engine import RolloutEngine
 from jaxrl_llm.tasks.pipeline import PromptPipeline
 from jaxrl_llm.tasks.rewards import RewardRunner
+from jaxrl_llm.training.update import Updater
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +38,9 @@ class StepContext:
   pipeline: PromptPipeline  # the next step's prompts
   sampling_cfg: SamplingConfig  # how the engine samples (mu's processing)
   engine: RolloutEngine  # what samples the rollouts (sampling/engine.py)
-  update_fn: Callable  # jit(update_step): (params, opt, vparams, vopt, batch, aux) -> (..., metrics)
+  updater: Updater  # the compiled update (training/update.py): updater.apply(state, mini_batch, aux)
   lr_schedule: Callable[[int], Any]  # optimizer update count -> learning rate
   extensions: tuple = ()  # jaxrl_llm.extension.Extension, in call order
-  # The same update, also returning the loss's per-token factors (update.update_step_with_factors):
-  # what the steps of `log.dump_steps` run; compiled on its first use.
-  factors_update_fn: Callable | None = None
   workdir: str = ""  # the run's directory (the token-weight dumps go to <workdir>/dumps)
 
   def updates_done(self, state) -> int:

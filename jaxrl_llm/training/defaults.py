@@ -3,7 +3,9 @@
 Each `configs/<method>.py` calls `get_config(method)` and may change a few
 values. Every key is declared once, with its unit and meaning: here, or, for
 the sections whose dataclass carries its own defaults (`checkpoint`,
-`teacher`, `guard`, `objective`), in that dataclass, from which the block is built.
+`teacher`, `guard`, `objective`, `rollout.mismatch`, `rollout.server`), in that
+dataclass, from which the block is built (tests/training/test_config_keys.py
+checks that no key is declared twice).
 The returned ConfigDict is locked, so a misspelled key (in a file or on the
 command line) is an error. The trainer converts it once into frozen,
 validated dataclasses (`jaxrl_llm/training/config.py`).
@@ -17,6 +19,8 @@ from __future__ import annotations
 import ml_collections
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
+from jaxrl_llm.sampling.config import ServerConfig
+from jaxrl_llm.sampling.mismatch import SamplerMismatch
 from jaxrl_llm.teacher.config import TeacherConfig
 from jaxrl_llm.training.guards import GuardConfig
 
@@ -111,7 +115,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 300  # supervised steps before RL; 0 skips the warm start
   c.sft.batch_size = 128  # demonstrations per step
-  c.sft.lr = 1e-3  # peak learning rate (warm-up then cosine decay to 10%); 3e-3 under-fits (loss 0.71 vs 0.16)
+  c.sft.lr = 1e-3  # peak learning rate (warm-up then cosine decay to 10%); 3e-3 under-fits (docs/benchmarks.md)
   c.sft.warmup_steps = 50  # linear LR warm-up, steps
   c.sft.wrong_fraction = 0.6  # share of demonstrations that are systematically wrong (carry dropped)
 
@@ -126,27 +130,14 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.rollout.top_p = 1.0  # nucleus sampling mass; 1 disables
   c.rollout.sampler_dtype = "float32"  # float32 | bfloat16: a lower-precision sampler makes mu != pi_prox
   c.rollout.staleness = 0  # k: step s samples with the params step s-k started from (PipelineRL-k; k updates ago with one update per step); 0 is on-policy
-  c.rollout["async"] = False  # generate step s+1's batch in the background while step s updates (a queue of depth k = staleness >= 1; the same samples as the synchronous run with that staleness; training/async_rollout.py). `async` is a Python keyword: in a config file c.rollout["async"] = True; on the command line --config.rollout.async=True (cli.py rewrites it to the subscript ml_collections parses)
+  c.rollout.overlap = False  # generate the next k = staleness steps' batches in the background while step s updates (a queue of depth k >= 1; the same samples as the synchronous run with that staleness; training/async_rollout.py)
   c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
-  # Mismatch on purpose (built-in engine; sampling/mismatch.py), combinable with sampler_dtype and staleness:
-  c.rollout.quant = "none"  # none | int8 | int4: sampler's weight matrices fake-quantised like llama.cpp's Q8_0 / Q4_0
-  c.rollout.quant_group = 32  # weights per quantisation block (one float16 scale each), along the input axis
-  c.rollout.noise = 0.0  # relative std of a Gaussian perturbation w (1 + noise eps) of the sampler's matrices; 0 off
-  c.rollout.noise_seed = 0  # seed of eps (drawn once: the same perturbation at every weight refresh)
+  # Mismatch on purpose (built-in engine), combinable with sampler_dtype and staleness: quant, quant_group,
+  # noise, noise_seed, each documented in sampling/mismatch.py (SamplerMismatch).
+  c.rollout.mismatch = section_block(SamplerMismatch)
   # External engine 'openai' (sampling/openai_engine.py: an OpenAI-compatible completions server, llama.cpp's):
-  c.rollout.sync_every = 1  # RL steps between weight pushes to the server (samples record the version they used)
-  c.rollout.server_url = ""  # http://HOST:PORT of a running server; "": the engine starts llama.cpp's server itself
-  c.rollout.server_model = ""  # model id the server must serve (GET /v1/models); "": the only one it serves
-  c.rollout.server_command = "llama-server"  # llama.cpp server (and flags, e.g. "llama-server -t 2") that the engine starts
-  c.rollout.server_export = "f32"  # f32 | f16 | q8_0 | q4_0: GGUF type of the weight matrices pushed at each sync
-  c.rollout.server_sync = "restart"  # restart: export GGUF, restart the started server | sglang: HF dir + POST /update_weights_from_disk | none: fixed weights
-  c.rollout.server_concurrency = 8  # requests in flight (the started server's slots, -np)
-  c.rollout.server_timeout_s = 120.0  # seconds per request before it counts as failed
-  c.rollout.server_retries = 3  # retries of a failed request, after server_backoff_s * 2^attempt seconds
-  c.rollout.server_backoff_s = 0.5  # first back-off, seconds
-  c.rollout.server_on_failure = "resample"  # resample (new seed, up to server_retries rounds) | drop (sample masked out)
-  c.rollout.server_on_exit = "restart"  # the server gone mid-run: restart it (a started one) | wait (server_wait_s) | error
-  c.rollout.server_wait_s = 120.0  # seconds to wait for a server to start or to come back
+  # url, model, command, export, sync, sync_every, ..., each documented in sampling/config.py (ServerConfig).
+  c.rollout.server = section_block(ServerConfig)
 
   # ---- filters and reward shaping ---------------------------------------------
   c.filters = ml_collections.ConfigDict()

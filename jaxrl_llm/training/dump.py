@@ -3,7 +3,7 @@
 Each step listed in `log.dump_steps` runs its updates through
 `update_step_with_factors` (the same update, which also hands back the policy
 loss's `objectives.TokenFactors`) and then writes
-<workdir>/dumps/step_N.npz + step_N.json (file format: jaxrl_llm/token_dump.py),
+<workdir>/dumps/step_N.npz + step_N.json (file format: jaxrl_llm/rundir/token_dump.py),
 which `python -m jaxrl_llm.inspect` renders. B samples, R response tokens,
 P prompt slots, K passes over the batch (train.epochs); every row is in one
 mini-batch per pass, and its factors are those of that mini-batch's update.
@@ -38,7 +38,7 @@ import math
 import jax
 import numpy as np
 
-from jaxrl_llm import token_dump
+from jaxrl_llm.rundir import token_dump
 
 FLAG_SEP = "__"  # a flag key's "/" in the array names (trust/clip_low -> flag_trust__clip_low_KBR)
 
@@ -98,9 +98,10 @@ def _summary(cfg, extensions) -> dict:
   return out
 
 
-def step_arrays(ctx, samples, scores, keep_B, batch, factors_KBR: dict, prox_recomputed: bool) -> dict:
-  """The dump's arrays (module docstring) for one step."""
+def step_arrays(ctx, sb, batch, factors_KBR: dict) -> dict:
+  """The dump's arrays (module docstring) for one step: `sb` the step's `ScoredBatch`, `batch` its TrainBatch."""
   cfg = ctx.cfg
+  samples, scores, keep_B, prox_recomputed = sb.samples, sb.scores, sb.keep_B, cfg.prox.forward
   G = cfg.rollout.group_size
   sampled = np.asarray(samples.mask_BR, bool)
   behav = np.asarray(jax.device_get(samples.behav_logp_BR), np.float32)
@@ -132,12 +133,12 @@ def step_arrays(ctx, samples, scores, keep_B, batch, factors_KBR: dict, prox_rec
   return arrays
 
 
-def write_step(ctx, step: int, samples, scores, keep_B, batch, recorder: FactorRecorder, metrics: dict,
-               prox_recomputed: bool) -> str:
+def write_step(ctx, step: int, sb, batch, recorder: FactorRecorder, metrics: dict) -> str:
   """Writes step `step`'s dump into <ctx.workdir>/dumps; -> the JSON's path."""
   cfg = ctx.cfg
+  samples, prox_recomputed = sb.samples, cfg.prox.forward
   factors = recorder.stacked()
-  arrays = step_arrays(ctx, samples, scores, keep_B, batch, factors, prox_recomputed)
+  arrays = step_arrays(ctx, sb, batch, factors)
   ids = np.unique(np.asarray(samples.tokens_BR)[np.asarray(samples.mask_BR, bool)])
   info = {
       "run_name": cfg.run_name, "method": cfg.method, "config": _summary(cfg, ctx.extensions),

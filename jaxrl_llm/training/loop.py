@@ -13,8 +13,6 @@ end of each step.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import os
 import signal
 import time
@@ -22,16 +20,17 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.extension import Extension, SetupEnv
 from jaxrl_llm.model import sharding as sharding_lib
-from jaxrl_llm.model.tokenizer import check_hf_dir, make_tokenizer
-from jaxrl_llm.report import write_report_safely
+from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
+from jaxrl_llm.rundir.report import write_report_safely
 from jaxrl_llm.sampling.engine import make_engine
-from jaxrl_llm.tasks import registry
-from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts, resolve_prompt_len
+from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts
+from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training import provenance, setup
 from jaxrl_llm.training.async_rollout import AsyncRollouts
 from jaxrl_llm.training.batch import init_value_head
@@ -40,12 +39,12 @@ from jaxrl_llm.training.context import StepContext, snapshot
 from jaxrl_llm.training.evaluation import Evaluator
 from jaxrl_llm.training.extensions import extensions_for
 from jaxrl_llm.training.guards import SignalGuard
-from jaxrl_llm.training.metrics import MetricsWriter, Progress
+from jaxrl_llm.training.metrics import Progress
 from jaxrl_llm.training.optim import adamw, warmup_schedule
-from jaxrl_llm.training.sft import run_sft
+from jaxrl_llm.training.sft import run_sft, sft_plan
 from jaxrl_llm.training.state import TrainState
 from jaxrl_llm.training.step import rl_step
-from jaxrl_llm.training.update import UpdateSpec, update_step, update_step_with_factors
+from jaxrl_llm.training.update import Updater, UpdateSpec, make_updater
 
 # hook(trainer, state, metrics) after every RL step (checkpoints, reports, ...).
 StepHook = Callable[["Trainer", TrainState, dict], None]
@@ -80,36 +79,40 @@ class _StopRequest:
       signal.signal(signal.SIGTERM, self._old)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Start:
+  """Where the RL steps begin: the start evaluation, the warm start's info and, on resume, the steps' metrics."""
+
+  ev_start: dict  # the greedy evaluation before RL (the saved one on resume)
+  sft_info: dict  # the warm start's summary entries
+  history: tuple  # metrics of the steps already taken (resume)
+
+
 class Trainer:
   def __init__(self, cfg: RunConfig, workdir: str, *, log: Callable[[str], None] = print,
-               extensions: Sequence[Extension] = (), devices=None, allow_config_change: bool = False):
-    self.cfg, self.workdir, self.log = cfg, workdir, log
+               extensions: Sequence[Extension] = (), devices=None, allow_config_change: bool = False,
+               reward: RewardRunner | None = None, optimizer: optax.GradientTransformation | None = None):
+    """`reward` replaces the config's reward runner and `optimizer` the policy's AdamW (both: tests,
+    experiments); the rest comes from `cfg`."""
+    self.workdir, self.log = workdir, log
     self.allow_config_change = allow_config_change  # resume a workdir whose saved config differs (recorded)
-    if cfg.model.hf_path:  # everything missing from the folder at once, before anything is read
-      check_hf_dir(cfg.model.hf_path, chat_template=cfg.data.chat_template)
-    self.mesh = sharding_lib.make_mesh(cfg.mesh, devices)
-    self.batch_sharding = sharding_lib.batch_sharding(self.mesh, ndim=1)
-    shards = sharding_lib.batch_shards(self.mesh)
+    data = setup.run_data(cfg, devices)
+    cfg = data.cfg  # data.max_prompt_len resolved
+    self.data, self.mesh, self.batch_sharding = data, data.mesh, data.batch_sharding
+    shards = data.batch_shards
     for name, size in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
                        ("train.micro_batch_size (or the mini-batch)", cfg.micro_batch_size)):
       if size % shards:
         raise ConfigError(f"config.{name}={size} must be a multiple of the {shards} batch shards of the mesh "
                           f"(mesh.data x mesh.fsdp)")
-    self.eval_pad = shards
     self.extensions: tuple[Extension, ...] = tuple(extensions) + extensions_for(cfg)
     names = [e.name for e in self.extensions]
     if len(set(names)) != len(names):
       raise ValueError(f"Trainer: extensions {names} hold a name twice (is one passed and also turned on "
                        "by the config?)")
-    self.tokenizer = make_tokenizer(cfg.model.hf_path)
-    self.task = registry.make_task(cfg)
-    self.runner = setup.make_reward_runner(cfg, self.task)
-    self.train_examples = self.task.examples("train", cfg.task.n_train)
-    self.eval_examples = self.task.examples("eval", cfg.eval.n_examples)
-    if not cfg.data.max_prompt_len:  # 0: fit the longest prompt (tasks/pipeline.py)
-      prompt_len = resolve_prompt_len(0, self.tokenizer, self.train_examples + self.eval_examples,
-                                      cfg.data.chat_template)
-      cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_len=prompt_len))
+    self.tokenizer, self.task = data.tokenizer, data.task
+    self.runner = reward if reward is not None else setup.make_reward_runner(cfg, self.task)
+    self.train_examples, self.eval_examples = data.train_examples, data.eval_examples
     cfg = self.cfg = cfg.with_micro_batch(cfg.data.max_prompt_len, shards)  # 0: from train.micro_batch_tokens
     self.pipeline = PromptPipeline(self.train_examples, self.tokenizer, batch_size=cfg.rollout.prompts_per_step,
                                    max_prompt_len=cfg.data.max_prompt_len, seed=cfg.seed,
@@ -120,7 +123,8 @@ class Trainer:
     tr = cfg.train
     total_updates = tr.steps * tr.epochs * tr.mini_batches
     self.lr_schedule = warmup_schedule(tr.lr, tr.warmup_steps, total_updates, decay_to=tr.lr_decay_to)
-    self.tx = adamw(self.lr_schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay, clip_norm=tr.clip_norm)
+    self.tx = optimizer or adamw(self.lr_schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay,
+                                 clip_norm=tr.clip_norm)
     self.vtx = adamw(warmup_schedule(tr.value_lr, tr.warmup_steps), b1=tr.b1, b2=tr.b2, weight_decay=0.0,
                      clip_norm=tr.clip_norm)
     self.model_cfg = None
@@ -129,15 +133,8 @@ class Trainer:
 
   # ---- views -------------------------------------------------------------------------
   @property
-  def update_fn(self):
-    """The compiled update (once `start_rl` has built it)."""
-    return self.context.update_fn
-
-  @property
   def evaluator(self) -> Evaluator:
-    c = self.cfg
-    return Evaluator(self.model_cfg, self.tokenizer, self.runner, c.rollout, max_prompt_len=c.data.max_prompt_len,
-                     chat_template=c.data.chat_template, batch_sharding=self.batch_sharding, pad_to=self.eval_pad)
+    return dataclasses.replace(self.data, cfg=self.cfg).evaluator(self.model_cfg, self.runner)
 
   def extension(self, name: str) -> Extension:
     """The extension called `name` (an error naming the ones there are)."""
@@ -167,11 +164,9 @@ class Trainer:
     """SetupEnv.sft: the warm start's SFT on other examples (seed + 1); its log lines start with `label`."""
     c = self.cfg
     log = (lambda s: self.log(f"{label}: {s}")) if label else self.log
-    params, _ = run_sft(params, self.model_cfg, examples, self.tokenizer, steps=steps, batch_size=c.sft.batch_size,
-                        lr=c.sft.lr, warmup_steps=min(c.sft.warmup_steps, steps),
-                        max_prompt_len=max_prompt_len or c.data.max_prompt_len,
-                        max_response_len=c.rollout.max_response_len, seed=c.seed + 1, impl=c.kernels.impl,
-                        mesh=self.mesh, chat_template=c.data.chat_template, log=log)
+    plan = dataclasses.replace(sft_plan(c), steps=steps, warmup_steps=min(c.sft.warmup_steps, steps),
+                               max_prompt_len=max_prompt_len or c.data.max_prompt_len, seed=c.seed + 1)
+    params, _ = run_sft(params, self.model_cfg, examples, self.tokenizer, plan, mesh=self.mesh, log=log)
     return params
 
   def setup_extensions(self, state: TrainState) -> TrainState:
@@ -197,8 +192,7 @@ class Trainer:
         cfg=cfg, model_cfg=self.model_cfg, mesh=self.mesh, batch_sharding=self.batch_sharding,
         replicated=sharding_lib.replicated(self.mesh), tokenizer=self.tokenizer, runner=self.runner,
         pipeline=self.pipeline, sampling_cfg=self.sampling_cfg, engine=engine,
-        update_fn=self._compile_update(state), lr_schedule=self.lr_schedule, extensions=self.extensions,
-        factors_update_fn=self._compile_update(state, with_factors=True) if cfg.log.dump_steps else None,
+        updater=self.make_updater(state), lr_schedule=self.lr_schedule, extensions=self.extensions,
         workdir=self.workdir)
     return state
 
@@ -211,36 +205,23 @@ class Trainer:
                                 tokenizer=self.tokenizer, batch_sharding=self.batch_sharding, run_cfg=self.cfg)
     return self.engine
 
-  def _compile_update(self, state: TrainState, *, with_factors: bool = False):
-    """jit(update_step), or jit(update_step_with_factors) for the token-weight dump's steps."""
+  def make_updater(self, state: TrainState) -> Updater:
+    """The run's update (training/update.py), with the extensions' loss terms, for `state`'s placement."""
     cfg = self.cfg
     extra_terms = tuple(term for ext in self.extensions for term in ext.extra_terms())
     spec = UpdateSpec(model_cfg=self.model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
                       n_micro=cfg.mini_batch_size // cfg.micro_batch_size, temperature=cfg.rollout.temperature,
                       impl=cfg.kernels.impl, use_value=cfg.use_value, extra_terms=extra_terms,
-                      prox_detached=cfg.prox_detached)
-    sh = lambda tree: jax.tree.map(lambda a: a.sharding, tree)  # noqa: E731
-    shardings = (sh(state.params), sh(state.opt_state), sh(state.value_params), sh(state.value_opt_state))
-    replicated = sharding_lib.replicated(self.mesh)
-    # The four state trees are donated: the update replaces them, the old buffers are dead.
-    # `aux` (step.update_aux) is not donated (the step's updates share it) and keeps the
-    # placement update_aux gave it (None: the arguments' own shardings).
-    fn, outs = update_step, (replicated,)
-    if with_factors:  # the per-token factors keep the mini-batch's row axis, sharded like the batch
-      fn, outs = update_step_with_factors, (replicated, self.batch_sharding)
-    return jax.jit(functools.partial(fn, spec=spec, tx=self.tx, vtx=self.vtx),
-                   in_shardings=shardings + (self.batch_sharding, None),
-                   out_shardings=shardings + outs, donate_argnums=(0, 1, 2, 3))
+                      prox_source=cfg.prox.source)
+    return make_updater(spec, self.tx, self.vtx, state.update_state(), self.batch_sharding,
+                        sharding_lib.replicated(self.mesh))
 
   # ---- stages of the run -----------------------------------------------------------
   def warm_start(self, state: TrainState) -> tuple[TrainState, dict]:
     c = self.cfg
     with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # as in `step`: the vocabulary ops see the mesh
-      params, info = run_sft(state.params, self.model_cfg, self.train_examples, self.tokenizer, steps=c.sft.steps,
-                             batch_size=c.sft.batch_size, lr=c.sft.lr, warmup_steps=c.sft.warmup_steps,
-                             max_prompt_len=c.data.max_prompt_len, max_response_len=c.rollout.max_response_len,
-                             seed=c.seed, impl=c.kernels.impl, mesh=self.mesh, chat_template=c.data.chat_template,
-                             log=self.log)
+      params, info = run_sft(state.params, self.model_cfg, self.train_examples, self.tokenizer, sft_plan(c),
+                             mesh=self.mesh, log=self.log)
     return state.replace(params=params), info
 
   def evaluate(self, state: TrainState) -> dict:
@@ -248,7 +229,7 @@ class Trainer:
 
   def step(self, state: TrainState, rollouts: AsyncRollouts | None = None) -> tuple[TrainState, dict]:
     """One RL step (training/step.py) on the context `start_rl` built; with `rollouts`
-    (`rollout.async`, training/async_rollout.py) its samples come from the background thread.
+    (`rollout.overlap`, training/async_rollout.py) its samples come from the background thread.
 
     The mesh's shape is in context for the step (`use_abstract_mesh`: what
     functions traced in it see, without tying eager arrays to the mesh), so
@@ -271,7 +252,24 @@ class Trainer:
       ext.preflight(cfg)
 
   def run(self, state: TrainState | None = None) -> dict:
-    cfg, t_start = self.cfg, time.time()
+    """The whole run: preflight, warm start (or restore), RL steps, end evaluation, summary."""
+    t_start = time.time()
+    state, ckpt, start = self._begin(state)
+    state, history = self._rl_steps(state, ckpt, list(start.history))
+    ckpt.finish(state, history[-1] if history else None)
+    ev_end = self.evaluate(state)
+    self.log(f"eval (greedy, {ev_end['n']} held-out): accuracy {ev_end['accuracy']:.3f}")
+    summary = self._summary(state, start, ev_end, history, time.time() - t_start)
+    write_summary(self.workdir, summary)
+    write_report_safely(self.workdir, self.log)
+    self.final_state = state
+    self.history = history
+    return summary
+
+  def _begin(self, state: TrainState | None) -> tuple[TrainState, RunCheckpoints, "_Start"]:
+    """Everything before the first RL step: checks, the workdir and its provenance, the initial
+    state, the warm start and the extensions' setup (or a checkpoint's state), the start evaluation."""
+    cfg = self.cfg
     self.preflight()
     os.makedirs(self.workdir, exist_ok=True)
     state = self.init_state(jax.random.key(cfg.seed)) if state is None else state
@@ -299,10 +297,16 @@ class Trainer:
       ev_start, history = self.evaluate(state), []
       ckpt.extra.update(ev_start=plain(ev_start), sft_info=plain(sft_info))
     self.log(f"eval (greedy, {ev_start['n']} held-out): accuracy {ev_start['accuracy']:.3f}")
-    if self.cfg.rollout.staleness > 0 and self.cfg.objective.correction == "none":
-      self.log(f"note: rollout.staleness={self.cfg.rollout.staleness}: the samples are off-policy and objective "
-               f"{self.cfg.objective.name!r} corrects nothing against mu; on the default task it learned slower "
-               "than on-policy, where scalerl_gspo or token_tis kept pace (docs/lab.md, 'Staleness 1')")
+    if cfg.rollout.staleness > 0 and cfg.objective.correction == "none":
+      self.log(f"note: rollout.staleness={cfg.rollout.staleness}: the samples are off-policy and objective "
+               f"{cfg.objective.name!r} corrects nothing against mu; objectives that do: scalerl_gspo, "
+               "token_tis (docs/lab.md, 'Staleness 1', compares them)")
+    return state, ckpt, _Start(ev_start=ev_start, sft_info=sft_info, history=tuple(history))
+
+  def _rl_steps(self, state: TrainState, ckpt: RunCheckpoints, history: list) -> tuple[TrainState, list]:
+    """The RL steps from state.step to train.steps: metrics, evaluations, checkpoints, SIGTERM.
+    -> (the final state, every step's metrics: a resumed run's earlier steps first)."""
+    cfg = self.cfg
     writer = MetricsWriter(self.workdir, start_step=int(state.step))
     bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
     self.hooks.append(lambda trainer, st, metrics: ckpt.on_step(st, metrics))
@@ -311,7 +315,7 @@ class Trainer:
     rollouts = None
     try:
       stop.install()
-      if cfg.rollout.async_ and int(state.step) < cfg.train.steps:
+      if cfg.rollout.overlap and int(state.step) < cfg.train.steps:
         # The batches of the steps ahead are generated in the background from here on (training/async_rollout.py).
         rollouts = AsyncRollouts(self.context, state, steps=cfg.train.steps)
       for _ in range(int(state.step), cfg.train.steps):
@@ -341,10 +345,12 @@ class Trainer:
       self.runner.close()
       self.context.engine.close()
       ckpt.mngr.wait()  # a save in flight completes even when a step raised
-    ckpt.finish(state, history[-1] if history else None)
-    ev_end = self.evaluate(state)
-    self.log(f"eval (greedy, {ev_end['n']} held-out): accuracy {ev_end['accuracy']:.3f}")
-    summary = {
+    return state, history
+
+  def _summary(self, state: TrainState, start: "_Start", ev_end: dict, history: list, run_time_s: float) -> dict:
+    """summary.json: the run's evaluations, rewards, failures, warm start and extensions."""
+    cfg, ev_start, sft_info = self.cfg, start.ev_start, start.sft_info
+    return {
         "method": cfg.run_name, "objective": cfg.method, "workdir": self.workdir, "rl_steps": int(state.step),
         "eval_accuracy_start": ev_start["accuracy"], "eval_accuracy_end": ev_end["accuracy"],
         "eval_gain": ev_end["accuracy"] - ev_start["accuracy"],
@@ -356,11 +362,5 @@ class Trainer:
         **{k: v for k, v in sft_info.items()},
         "extensions": [ext.name for ext in self.extensions],
         **{k: v for ext in self.extensions for k, v in ext.summary().items()},
-        "run_time_s": time.time() - t_start,
+        "run_time_s": run_time_s,
     }
-    with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
-    write_report_safely(self.workdir, self.log)
-    self.final_state = state
-    self.history = history
-    return summary

@@ -6,15 +6,21 @@ the result (the method, a knob, the data, the schedule) is refused, naming
 the keys, unless the run is told to continue with it (`--allow_config_change`);
 then the change is appended to `config_history.jsonl` beside `config.json`,
 which holds the config the run continues with.
+
+A config.json written before a key was renamed (checks.py's `RENAMED_KEYS`) is read
+with its keys moved to their new names (`upgrade`), and a key added since at its
+default (`complete`), so an old workdir still resumes and evaluates, and is compared
+and rewritten in the current layout.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
 
-from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.checks import RENAMED_KEYS, ConfigError
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
@@ -22,7 +28,50 @@ HISTORY_FILE = "config_history.jsonl"
 # logs, how often it saves or evaluates, how many processes score rewards, which
 # steps it dumps (a dumped step's update is the same, tests/training/test_dump_inspect.py).
 RESULT_NEUTRAL = ("name", "workdir_root", "log.progress", "log.every", "log.dump_steps", "data.reward_workers",
-                  "eval.every", "checkpoint.", "rollout.async_")  # async: when batches are made, not what they are
+                  "eval.every", "checkpoint.", "rollout.overlap")  # overlap: when batches are made, not what they are
+
+
+def upgrade(saved: dict) -> dict:
+  """A saved config (config.json's dict) with every renamed key moved to its new place; the rest as is."""
+  out = copy.deepcopy(saved)
+  for old, new in RENAMED_KEYS.items():
+    *parents, leaf = old.split(".")
+    node = out
+    for p in parents:
+      node = node.get(p) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or leaf not in node:
+      continue
+    value = node.pop(leaf)
+    *parents, leaf = new.split(".")
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node.setdefault(leaf, value)
+  return out
+
+
+def complete(saved: dict) -> dict:
+  """`upgrade(saved)` with every key it lacks (a workdir written before the key existed) added at
+  its default (training/defaults.py), the value that keeps what the run computed: what a saved
+  config.json is read as (`python -m jaxrl_llm.evaluate`). The defaults are declared there only, so
+  a section's dataclass has none of its own."""
+  from jaxrl_llm.training.defaults import get_config
+
+  out = upgrade(saved)
+  try:
+    defaults = get_config(out.get("method", "gspo")).to_dict()
+  except Exception:  # noqa: BLE001 - an unknown method: from_config_dict names it
+    return out
+
+  def fill(node: dict, default: dict) -> None:
+    for k, v in default.items():
+      if k not in node:
+        node[k] = copy.deepcopy(v)
+      elif isinstance(v, dict) and isinstance(node[k], dict) and k != "objective":  # a preset's knobs are complete
+        fill(node[k], v)
+
+  fill(out, defaults)
+  return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -57,8 +106,9 @@ def result_changes(old: dict, new: dict) -> dict[str, tuple]:
 
   A key that the saved config lacks (a workdir written before the key
   existed) and that the new config holds at its default is no change: every
-  key is added with the default that keeps what runs computed before it."""
-  a, b = flatten(old), flatten(new)
+  key is added with the default that keeps what runs computed before it. A
+  renamed key of `old` is compared under its new name (`upgrade`)."""
+  a, b = flatten(upgrade(old)), flatten(new)
   defaults = _defaults(b.get("method")) if set(b) - set(a) else {}
   out = {}
   for key in sorted(set(a) | set(b)):

@@ -5,6 +5,7 @@ micro-batch size."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -28,17 +29,34 @@ def _chunk(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, mo
   return logp_BR, jnp.where(mask_BR, values_BR, 0.0)
 
 
-def policy_logprobs(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, model_cfg,
-                    temperature: float, impl: str, chunk: int, with_values: bool = False, sharding=None):
-  """-> (logp_BR, values_BR) as host f32 arrays (values zero unless with_values)."""
-  B = tokens_BR.shape[0]
-  outs = []
-  for s in range(0, B, chunk):
-    args = (prompt_BP[s:s + chunk], prompt_mask_BP[s:s + chunk], tokens_BR[s:s + chunk], mask_BR[s:s + chunk])
-    if sharding is not None:
-      args = jax.device_put(args, sharding)
-    outs.append(jax.device_get(_chunk(params, vparams, *args, model_cfg=model_cfg, temperature=temperature,
-                                      impl=impl, with_values=with_values)))
+@dataclasses.dataclass(frozen=True)
+class RecomputeSpec:
+  """How the recompute stage runs a model over a batch's rows: at the sampling temperature, with the
+  run's vocabulary kernels, `chunk` rows at a time, each chunk placed with `sharding` (None: as given)."""
+
+  model_cfg: model_lib.ModelConfig
+  temperature: float
+  impl: str  # kernels.impl
+  chunk: int  # rows per forward pass (the micro-batch size)
+  sharding: jax.sharding.NamedSharding | None = None  # the rows' sharding over the mesh
+
+
+def _row_chunks(rows, chunk: int, sharding):
+  """(prompt_BP, prompt_mask_BP, tokens_BR, mask_BR) of `rows` (a RolloutBatch or anything with those
+  fields), `chunk` rows at a time, placed with `sharding`."""
+  arrays = (rows.prompt_BP, rows.prompt_mask_BP, rows.tokens_BR, rows.mask_BR)
+  for s in range(0, rows.tokens_BR.shape[0], chunk):
+    args = tuple(a[s:s + chunk] for a in arrays)
+    yield jax.device_put(args, sharding) if sharding is not None else args
+
+
+def policy_logprobs(params, rows, spec: RecomputeSpec, *, vparams=None, with_values: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """-> (logp_BR, values_BR) of `rows`' response tokens under `params` as host f32 arrays (values from
+  the value head `vparams`, zero unless with_values)."""
+  outs = [jax.device_get(_chunk(params, vparams, *args, model_cfg=spec.model_cfg, temperature=spec.temperature,
+                                impl=spec.impl, with_values=with_values))
+          for args in _row_chunks(rows, spec.chunk, spec.sharding)]
   return (np.concatenate([o[0] for o in outs]).astype(np.float32),
           np.concatenate([o[1] for o in outs]).astype(np.float32))
 
@@ -48,22 +66,17 @@ def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, mode
   return response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR)
 
 
-def behaviour_hidden(sampler_params, sampling_cfg, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR,
-                     *, chunk: int, sharding=None, mismatch: SamplerMismatch = NO_MISMATCH) -> jax.Array:
-  """h_mu: the sampler's final hidden states [B, R, D], recomputed with its
-  params and dtype (host array in that dtype). With its output head
-  (`behaviour_head`) they give mu(v | prefix) = softmax(h_mu @ w_mu / T) at
-  the sampling temperature: TRM's per-token KL(mu || pi_theta) in the update,
-  without a [B, R, V] array. Exact when the sampler does not truncate
-  (top_k = 0, top_p = 1), with the built-in engine's weight `mismatch`
-  applied as the engine applies it. A device array: nothing on the host reads it."""
-  params, run_cfg = sampler_view(sampler_params, model_cfg, sampling_cfg, mismatch)
-  outs = []
-  for s in range(0, tokens_BR.shape[0], chunk):
-    args = (prompt_BP[s:s + chunk], prompt_mask_BP[s:s + chunk], tokens_BR[s:s + chunk], mask_BR[s:s + chunk])
-    if sharding is not None:
-      args = jax.device_put(args, sharding)
-    outs.append(_hidden_chunk(params, *args, model_cfg=run_cfg))
+def behaviour_hidden(sampler_params, sampling_cfg, rows, spec: RecomputeSpec,
+                     mismatch: SamplerMismatch = NO_MISMATCH) -> jax.Array:
+  """h_mu: the sampler's final hidden states [B, R, D] of `rows`, recomputed with its
+  params and dtype. With its output head (`behaviour_head`) they give
+  mu(v | prefix) = softmax(h_mu @ w_mu / T) at the sampling temperature: TRM's
+  per-token KL(mu || pi_theta) in the update, without a [B, R, V] array. Exact
+  when the sampler does not truncate (top_k = 0, top_p = 1), with the built-in
+  engine's weight `mismatch` applied as the engine applies it. A device array:
+  nothing on the host reads it."""
+  params, run_cfg = sampler_view(sampler_params, spec.model_cfg, sampling_cfg, mismatch)
+  outs = [_hidden_chunk(params, *args, model_cfg=run_cfg) for args in _row_chunks(rows, spec.chunk, spec.sharding)]
   return jnp.concatenate(outs)  # stays on the device: only the update reads it
 
 

@@ -1,11 +1,20 @@
-"""Building what a run needs from its RunConfig: reward runner, model config
-and params on the mesh (tokenizers: model/tokenizer.py; tasks: tasks/registry.py)."""
+"""Building what a run needs from its RunConfig: the mesh, tokenizer and examples (`run_data`),
+the reward runner, the model config and params on the mesh (tokenizers: model/tokenizer.py;
+tasks: tasks/registry.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+import jax
+
 from jaxrl_llm.model import sharding as sharding_lib
+from jaxrl_llm.model.tokenizer import check_hf_dir, make_tokenizer
 from jaxrl_llm.tasks import registry
+from jaxrl_llm.tasks.pipeline import resolve_prompt_len
 from jaxrl_llm.tasks.rewards import RewardRunner
+from jaxrl_llm.training.evaluation import Evaluator
 
 
 def make_reward_runner(cfg, task) -> RewardRunner:
@@ -26,3 +35,41 @@ def make_model(cfg, tokenizer, mesh, key):
     return model_cfg, params
   model_cfg = m.build(tokenizer.vocab_size)
   return model_cfg, sharding_lib.init_sharded_params(model_cfg, key, mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+  """What a run reads before any model exists: the mesh, the tokenizer and the task's examples. The
+  trainer and `python -m jaxrl_llm.evaluate` both start from it, so they see the same prompts."""
+
+  cfg: Any  # training.config.RunConfig, data.max_prompt_len resolved (0 -> the longest prompt's length)
+  mesh: jax.sharding.Mesh
+  batch_sharding: jax.sharding.NamedSharding  # leading (batch) axis over data x fsdp
+  batch_shards: int  # mesh.data x mesh.fsdp: batches are a multiple of this
+  tokenizer: Any
+  task: Any  # tasks.base.Task
+  train_examples: list
+  eval_examples: list
+
+  def evaluator(self, model_cfg, runner: RewardRunner) -> Evaluator:
+    c = self.cfg
+    return Evaluator(model_cfg, self.tokenizer, runner, c.rollout, max_prompt_len=c.data.max_prompt_len,
+                     chat_template=c.data.chat_template, batch_sharding=self.batch_sharding, pad_to=self.batch_shards)
+
+
+def run_data(cfg, devices=None) -> RunData:
+  """The run's mesh (over `devices`, None: all), tokenizer and examples; checks a Hugging Face
+  folder for everything it lacks first."""
+  if cfg.model.hf_path:  # everything missing from the folder at once, before anything is read
+    check_hf_dir(cfg.model.hf_path, chat_template=cfg.data.chat_template)
+  mesh = sharding_lib.make_mesh(cfg.mesh, devices)
+  tokenizer = make_tokenizer(cfg.model.hf_path)
+  task = registry.make_task(cfg)
+  train_examples = task.examples("train", cfg.task.n_train)
+  eval_examples = task.examples("eval", cfg.eval.n_examples)
+  if not cfg.data.max_prompt_len:  # 0: fit the longest prompt (tasks/pipeline.py)
+    prompt_len = resolve_prompt_len(0, tokenizer, train_examples + eval_examples, cfg.data.chat_template)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_len=prompt_len))
+  return RunData(cfg=cfg, mesh=mesh, batch_sharding=sharding_lib.batch_sharding(mesh, ndim=1),
+                 batch_shards=sharding_lib.batch_shards(mesh), tokenizer=tokenizer, task=task,
+                 train_examples=train_examples, eval_examples=eval_examples)

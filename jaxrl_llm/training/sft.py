@@ -14,7 +14,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxrl_llm import faults
 from jaxrl_llm.checks import check_float, check_int
@@ -43,6 +42,28 @@ class SFTConfig:
     check_float("config.sft.wrong_fraction", self.wrong_fraction, 0.0, 1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class SFTPlan:
+  """One supervised run: how long, how fast, on which shapes (built from a RunConfig by `sft_plan`)."""
+
+  steps: int  # optimizer steps; 0: none
+  batch_size: int  # demonstrations per step
+  lr: float  # peak learning rate (linear warm-up, cosine decay to 10%)
+  warmup_steps: int
+  max_prompt_len: int  # prompts left-padded to this
+  max_response_len: int  # demonstrations (EOS included) right-padded to this
+  seed: int  # the demonstrations' draw
+  impl: str  # kernels.impl of the log-probs
+  chat_template: bool  # prompts wrapped as a user message
+
+
+def sft_plan(cfg) -> SFTPlan:
+  """The warm start of the run config `cfg` (sections sft, data, rollout, kernels)."""
+  return SFTPlan(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps,
+                 max_prompt_len=cfg.data.max_prompt_len, max_response_len=cfg.rollout.max_response_len,
+                 seed=cfg.seed, impl=cfg.kernels.impl, chat_template=cfg.data.chat_template)
+
+
 def encode_responses(tokenizer, texts, max_response_len: int) -> tuple[np.ndarray, np.ndarray]:
   """Right-padded response tokens followed by EOS: (tokens_BR, mask_BR)."""
   B = len(texts)
@@ -65,10 +86,9 @@ def _sft_loss(params, model_cfg, impl, prompt_BP, prompt_mask_BP, resp_BR, resp_
   return -jnp.sum(lp.logp_BR * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def run_sft(params, model_cfg, examples: list[Example], tokenizer, *, steps: int, batch_size: int,
-            lr: float, warmup_steps: int, max_prompt_len: int, max_response_len: int, seed: int,
-            impl: str, mesh, chat_template: bool = False, log=print):
+def run_sft(params, model_cfg, examples: list[Example], tokenizer, plan: SFTPlan, *, mesh, log=print):
   """Returns (params, {'sft_loss_start', 'sft_loss_end', 'sft_time_s'})."""
+  steps, lr, warmup_steps, impl = plan.steps, plan.lr, plan.warmup_steps, plan.impl
   if steps == 0:
     return params, {"sft_steps": 0}
   tx = adamw(warmup_schedule(lr, warmup_steps, steps, decay_to=0.1), b1=0.9, b2=0.99,
@@ -87,13 +107,13 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, *, steps: int
     params, opt_state, _, _ = guarded_update(tx, grads, opt_state, params, loss)
     return params, opt_state, loss
 
-  rng = np.random.default_rng(seed)
+  rng = np.random.default_rng(plan.seed)
   t0, losses = time.time(), []
   for i in range(steps):
     faults.point("sft_step")
-    batch = [examples[int(j)] for j in rng.integers(len(examples), size=batch_size)]
-    pb = encode_prompts(tokenizer, batch, max_prompt_len, chat_template)
-    resp_BR, resp_mask_BR = encode_responses(tokenizer, [e.demo for e in batch], max_response_len)
+    batch = [examples[int(j)] for j in rng.integers(len(examples), size=plan.batch_size)]
+    pb = encode_prompts(tokenizer, batch, plan.max_prompt_len, plan.chat_template)
+    resp_BR, resp_mask_BR = encode_responses(tokenizer, [e.demo for e in batch], plan.max_response_len)
     params, opt_state, loss = step(params, opt_state, pb.tokens_BP, pb.mask_BP, resp_BR, resp_mask_BR)
     if i == 0 or i == steps - 1 or (i + 1) % 100 == 0:
       losses.append(float(loss))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax
 from flax import struct
 
+from jaxrl_llm.training.update import UpdateState
+
 
 @struct.dataclass
 class TrainState:
@@ -23,6 +25,15 @@ class TrainState:
   lag_params: tuple  # (theta_{s-k}, ..., theta_{s-1}) at step s, oldest first; the sampler uses lag_params[0]
   key: jax.Array  # PRNG key, split once per step
   data_state: dict = struct.field(pytree_node=False, default_factory=dict)  # grain iterator state (host)
+
+  def update_state(self) -> UpdateState:
+    """The part of the state an optimizer update replaces (training/update.py)."""
+    return UpdateState(params=self.params, opt_state=self.opt_state, value_params=self.value_params,
+                       value_opt_state=self.value_opt_state)
+
+  def with_update(self, u: UpdateState) -> "TrainState":
+    return self.replace(params=u.params, opt_state=u.opt_state, value_params=u.value_params,
+                        value_opt_state=u.value_opt_state)
 
   def sampler_params(self) -> dict:
     """The params the sampler uses: k steps stale, or the current ones for k = 0."""

@@ -5,7 +5,7 @@
     -> extensions rewrite the batch -> K passes of mini-batch updates -> metrics.
 
 Every stage is a function of the `StepContext` (training/context.py) and the
-`TrainState`; `rl_step(ctx, state)` runs them in order. With `rollout.async`
+`TrainState`; `rl_step(ctx, state)` runs them in order. With `rollout.overlap`
 the step's first stage, its samples, was done ahead in a background thread
 (training/async_rollout.py), with the same policy version, key and prompts.
 """
@@ -24,14 +24,13 @@ from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.mismatch import mismatch_metrics
-from jaxrl_llm.training import advantage as adv_lib
 from jaxrl_llm.training import dump as dump_lib
-from jaxrl_llm.training import filters as filt
 from jaxrl_llm.training.batch import TrainBatch
 from jaxrl_llm.training.context import StepContext, snapshot
 from jaxrl_llm.training.metrics import mean_over_updates
-from jaxrl_llm.training.recompute import behaviour_head, behaviour_hidden, policy_logprobs
-from jaxrl_llm.training.score import concat_scores, score, select_scores
+from jaxrl_llm.training.recompute import RecomputeSpec, behaviour_head, behaviour_hidden, policy_logprobs
+from jaxrl_llm.training.score import (Scores, choose_groups, concat_scores, informative_groups, overlong_keep, score,
+                                      select_scores)
 from jaxrl_llm.training.state import TrainState
 
 
@@ -63,7 +62,7 @@ def _sample_round(ctx: StepContext, key, round_no: int) -> tuple[RolloutBatch, f
 def generate_step(ctx: StepContext, step: int, sampler_params, key) -> Generated:
   """Syncs the engine to step `step`'s policy (`sampler_params`, version `sampler_version`) and samples
   the step's first round with `key` (step `step`'s sampling key). The synchronous step calls it, and
-  so does the background generation of `rollout.async` (training/async_rollout.py), in step order."""
+  so does the background generation of `rollout.overlap` (training/async_rollout.py), in step order."""
   t0 = time.time()
   ctx.engine.sync(sampler_params, sampler_version(step, ctx.cfg.rollout.staleness))
   sync_s = time.time() - t0
@@ -73,19 +72,34 @@ def generate_step(ctx: StepContext, step: int, sampler_params, key) -> Generated
                    engine_stats=dict(stats))
 
 
-def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated | None = None):
-  """Samples rounds of prompts until the batch is full of informative groups
-  (dynamic sampling) or the refill budget is spent, and scores them.
+@dataclasses.dataclass(frozen=True)
+class ScoredBatch:
+  """A step's samples with their rewards, after the filters: what the batch is built from."""
 
-  `first` is the step's first round when it was generated ahead (`rollout.async`, which excludes
-  dynamic sampling); None: generated here. -> (samples, scores, keep_B, stats, data_state), data_state
-  being the pipeline's position after the step's last round (the checkpoint's)."""
+  samples: RolloutBatch  # the rows the step trains on (dynamic sampling chose its groups)
+  scores: Scores  # their rewards
+  keep_B: np.ndarray  # bool [B]: the row is in the loss and its group's baseline (not filtered, not dropped)
+  stats: dict  # the step's reward / rollout / filter metrics
+  data_state: dict  # the prompt pipeline's position after the step's last round (the checkpoint's)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rounds:
+  """The rounds of samples one step drew (one, or more with dynamic sampling's refills)."""
+
+  samples: list  # RolloutBatch per round
+  scores: list  # Scores per round
+  refills: int  # rounds after the first
+  rollout_s: float  # seconds in engine.generate, all rounds
+  score_s: float  # seconds scoring, all rounds
+  data_state: dict  # the pipeline's position after the last round
+
+
+def _sample_rounds(ctx: StepContext, key, first: Generated) -> _Rounds:
+  """Scores `first`, then samples more rounds until the batch is full of informative groups
+  (dynamic sampling) or the refill budget is spent."""
   cfg = ctx.cfg
   G, n_prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-  step = int(state.step)
-  if first is None:
-    # The engine samples with theta_{s-k} (k = staleness): lag_params[0], or the policy itself.
-    first = generate_step(ctx, step, state.sampler_params(), key)
   parts_s, parts_r, rounds, t_score = [], [], 0, 0.0
   smp, t_roll, data_state = first.samples, first.rollout_s, first.data_state
   while True:
@@ -95,89 +109,100 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
     t_score += time.time() - t1
     if not cfg.filters.dynamic_sampling:
       break
-    n_informative = sum(int(filt.informative_groups(r.reward_B, G).sum()) for r in parts_r)
+    n_informative = sum(int(informative_groups(r.reward_B, G).sum()) for r in parts_r)
     if n_informative >= n_prompts or rounds >= cfg.filters.max_refill_rounds:
       break
     rounds += 1
     smp, dt = _sample_round(ctx, key, rounds)
     t_roll += dt
     data_state = copy.deepcopy(ctx.pipeline.get_state())
-  samples, scores = RolloutBatch.concat(parts_s), concat_scores(parts_r)
-  first_r = parts_r[0]  # the first round is the unfiltered on-policy sample: report it
-  # A row without a single token is a request the external engine dropped (rollout.server_on_failure=drop;
-  # the built-in sampler always emits at least one token): it is no sample, so it is kept out of the
-  # reward statistics here and out of the loss and its group's baseline below.
-  got = parts_s[0].length_B > 0
+  return _Rounds(samples=parts_s, scores=parts_r, refills=rounds, rollout_s=t_roll, score_s=t_score,
+                 data_state=data_state)
+
+
+def _reward_stats(first: RolloutBatch, first_r: Scores, G: int) -> dict:
+  """The first round's reward statistics: the unfiltered on-policy sample. Rows the engine
+  dropped (`RolloutBatch.sampled_B`) are no samples and stay out of the reward's moments."""
+  got = first.sampled_B
   if not got.any():  # (the engine raises before: a rollout whose every request failed is an error)
     got = np.ones_like(got)
-  stats = {"reward/mean": first_r.reward_B[got].mean(), "reward/std": first_r.reward_B[got].std(),
-           "reward/accuracy": first_r.correct_B[got].mean(),
-           "reward/pass_at_group": first_r.correct_B.reshape(-1, G).max(axis=1).mean(),
-           "reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
-           "response/length_mean": parts_s[0].length_B.mean(),
-           "response/truncated_frac": parts_s[0].truncated_B.mean(),
-           "signal/failure_rate": float(np.mean(first_r.failed_B | first_r.timed_out_B)),
-           "signal/zero_adv_groups": 1.0 - float(filt.informative_groups(first_r.reward_B, G).mean()),
-           "filter/refill_rounds": rounds, "time/rollout_s": t_roll, "time/score_s": t_score,
-           "time/sync_s": first.sync_s, "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in parts_s)}
+  return {"reward/mean": first_r.reward_B[got].mean(), "reward/std": first_r.reward_B[got].std(),
+          "reward/accuracy": first_r.correct_B[got].mean(),
+          "reward/pass_at_group": first_r.correct_B.reshape(-1, G).max(axis=1).mean()}
+
+
+def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated | None = None) -> ScoredBatch:
+  """The step's samples, scored and filtered.
+
+  `first` is the step's first round when it was generated ahead (overlapped rollouts, which exclude
+  dynamic sampling); None: generated here, with theta_{s-k} (k = staleness: lag_params[0], or the
+  policy itself)."""
+  cfg = ctx.cfg
+  G, n_prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+  step = int(state.step)
+  if first is None:
+    first = generate_step(ctx, step, state.sampler_params(), key)
+  rounds = _sample_rounds(ctx, key, first)
+  samples, scores = RolloutBatch.concat(rounds.samples), concat_scores(rounds.scores)
+  first_s, first_r = rounds.samples[0], rounds.scores[0]
+  stats = _reward_stats(first_s, first_r, G)
+  stats.update({"reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
+                "response/length_mean": first_s.length_B.mean(),
+                "response/truncated_frac": first_s.truncated_B.mean(),
+                "signal/failure_rate": float(np.mean(first_r.failed_B | first_r.timed_out_B)),
+                "signal/zero_adv_groups": 1.0 - float(informative_groups(first_r.reward_B, G).mean()),
+                "filter/refill_rounds": rounds.refills, "time/rollout_s": rounds.rollout_s,
+                "time/score_s": rounds.score_s, "time/sync_s": first.sync_s,
+                "perf/sampled_tokens": sum(int(s.length_B.sum()) for s in rounds.samples)})
   versions = np.asarray(samples.version_B)
   if (versions >= 0).all():  # steps between the policy updated now and the one that sampled each row
     lag = step - versions
     stats.update({"rollout/version_lag_mean": float(np.mean(lag)), "rollout/version_lag_min": float(lag.min()),
                   "rollout/version_lag_max": float(lag.max())})
   engine_stats = first.engine_stats  # an engine's own counters (requests, retries, restarts, sync seconds)
-  if rounds and hasattr(ctx.engine, "metrics"):  # refilled here: the counters after the last round
+  if rounds.refills and hasattr(ctx.engine, "metrics"):  # refilled here: the counters after the last round
     engine_stats = dict(ctx.engine.metrics())
   stats.update(engine_stats)
   if cfg.filters.dynamic_sampling:
-    rows, keep = filt.choose_groups(scores.reward_B, G, n_prompts)
+    rows, keep = choose_groups(scores.reward_B, G, n_prompts)
     samples, scores = samples.select(rows), select_scores(scores, rows)
     stats["filter/kept_group_frac"] = keep.reshape(-1, G)[:, 0].mean()
   else:
     keep = np.ones(scores.reward_B.shape, bool)
-  over = filt.overlong_keep(samples.truncated_B, cfg.filters.overlong_filter)
+  over = overlong_keep(samples.truncated_B, cfg.filters.overlong_filter)
   stats["filter/overlong_masked_frac"] = 1.0 - over.mean()
-  sampled = samples.length_B > 0  # not a request the engine dropped
-  stats["rollout/dropped_frac"] = 1.0 - float(sampled.mean())
-  return samples, scores, keep & over & sampled, stats, data_state
+  stats["rollout/dropped_frac"] = 1.0 - float(samples.sampled_B.mean())
+  return ScoredBatch(samples=samples, scores=scores, keep_B=keep & over & samples.sampled_B, stats=stats,
+                     data_state=rounds.data_state)
 
 
-def recomputes_prox(cfg) -> bool:
-  """Whether a step recomputes log pi_prox: the objective, the KL or the value
-  loss need it, or a mismatch dialled on purpose is measured against it (one forward);
-  not with `train.prox='detach'`, where the update's own pass gives it (and no mismatch/* is logged)."""
-  obj = cfg.objective
-  if cfg.prox_detached:
-    return False
-  return obj.needs_prox or obj.needs_ref or cfg.log.kl_to_ref or cfg.use_value or cfg.rollout.mismatched
-
-
-def build_batch(ctx: StepContext, state: TrainState, samples: RolloutBatch, scores, keep_B
-                ) -> tuple[TrainBatch, dict]:
+def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[TrainBatch, dict]:
+  """The update's batch: the recomputes (pi_prox and values, pi_ref, the sampler's hidden states),
+  the advantages, then each extension's rewrite. -> (batch, the stage's metrics)."""
   cfg, obj = ctx.cfg, ctx.cfg.objective
+  samples, scores, keep_B = sb.samples, sb.scores, sb.keep_B
   t0 = time.time()
   mask_BR = samples.mask_BR & keep_B[:, None]
   B, R = mask_BR.shape
   zeros = np.zeros((B, R), np.float32)
-  common = dict(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
-                chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding)
-  args = (samples.prompt_BP, samples.prompt_mask_BP, samples.tokens_BR, samples.mask_BR)
+  spec = RecomputeSpec(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
+                       chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding)
   prox_logp, values = zeros, zeros
-  need_prox = recomputes_prox(cfg)
+  need_prox = cfg.prox.forward  # training/prox.py
   if need_prox:
-    prox_logp, values = policy_logprobs(state.params, state.value_params, *args, with_values=cfg.use_value,
-                                        **common)
+    prox_logp, values = policy_logprobs(state.params, samples, spec, vparams=state.value_params,
+                                        with_values=cfg.use_value)
   ref_logp = zeros
   if obj.needs_ref or cfg.log.kl_to_ref:
-    ref_logp, _ = policy_logprobs(state.ref_params, state.value_params, *args, **common)
+    ref_logp, _ = policy_logprobs(state.ref_params, samples, spec, vparams=state.value_params)
   behav_hidden = np.zeros((B, R, 0), np.float32)
   if obj.needs_token_kl:
-    behav_hidden = behaviour_hidden(state.sampler_params(), ctx.sampling_cfg, ctx.model_cfg, *args,
-                                    chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding,
+    behav_hidden = behaviour_hidden(state.sampler_params(), ctx.sampling_cfg, samples, spec,
                                     mismatch=cfg.rollout.mismatch)
   t1 = time.time()
-  adv_BR, returns_BR = adv_lib.advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
-                                          prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
+  adv_BR, returns_BR = obj_lib.batch_advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
+                                                prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
+  adv_BR, returns_BR = np.asarray(adv_BR, np.float32), np.asarray(returns_BR, np.float32)
   if faults.point("advantage"):
     adv_BR = adv_BR * np.nan
   stats = {"time/recompute_s": t1 - t0, "time/advantage_s": time.time() - t1}
@@ -238,17 +263,17 @@ def update_aux(ctx: StepContext, state: TrainState) -> dict:
 
 def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
                 recorder: dump_lib.FactorRecorder | None = None) -> tuple[TrainState, dict]:
-  """K passes over the batch, `mini_batches` optimizer updates per pass.
+  """K passes over the batch, `mini_batches` optimizer updates per pass (`ctx.updater`, training/update.py).
 
-  With a `recorder` (a step of `log.dump_steps`) the updates run through
-  `ctx.factors_update_fn` and hand the loss's per-token factors to it.
+  With a `recorder` (a step of `log.dump_steps`) the updates also return the loss's per-token
+  factors, which go to it.
   """
   cfg = ctx.cfg
   B = batch.tokens_BR.shape[0]
   mini = cfg.mini_batch_size
   rng = np.random.default_rng([cfg.seed, int(state.step)])
-  params, opt_state, vparams, vopt = state.params, state.opt_state, state.value_params, state.value_opt_state
   aux = update_aux(ctx, state)  # before the first update donates the params it may be read from
+  ustate = state.update_state()
   per_update, t0 = [], time.time()
   for epoch in range(cfg.train.epochs):
     order = _row_order(rng, B, cfg.rollout.group_size, mini) if cfg.train.mini_batches > 1 else np.arange(B)
@@ -256,10 +281,9 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
       rows = order[j * mini:(j + 1) * mini]
       mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), ctx.batch_sharding)
       if recorder is None:
-        params, opt_state, vparams, vopt, m = ctx.update_fn(params, opt_state, vparams, vopt, mb, aux)
+        ustate, m = ctx.updater.apply(ustate, mb, aux)
       else:
-        params, opt_state, vparams, vopt, m, factors = ctx.factors_update_fn(params, opt_state, vparams, vopt,
-                                                                             mb, aux)
+        ustate, m, factors = ctx.updater.apply_with_factors(ustate, mb, aux)
         recorder.add(epoch, rows, factors)
       per_update.append(m)
       faults.point("update")
@@ -268,14 +292,13 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
   metrics["update/count"] = len(per_update)
   metrics["update/skipped_nonfinite"] = float(sum(float(m["update/skipped_nonfinite"]) for m in per_update))
   metrics["time/update_s"] = time.time() - t0
-  state = state.replace(params=params, opt_state=opt_state, value_params=vparams, value_opt_state=vopt)
-  return state, metrics
+  return state.with_update(ustate), metrics
 
 
 def rl_step(ctx: StepContext, state: TrainState, rollouts=None) -> tuple[TrainState, dict]:
   """Step s = state.step: its rollouts, scores, batch and updates.
 
-  `rollouts` (training/async_rollout.AsyncRollouts, `rollout.async`) hands over the step's samples,
+  `rollouts` (training/async_rollout.AsyncRollouts, `rollout.overlap`) hands over the step's samples,
   generated in the background with the same policy version, key and prompts as here; None: they are
   generated here. Either way the step is the same computation."""
   t0 = time.time()
@@ -289,21 +312,22 @@ def rl_step(ctx: StepContext, state: TrainState, rollouts=None) -> tuple[TrainSt
     theta_s = snapshot(state.params)
     rollouts.publish(theta_s)  # step s + k's batch may start now
     first, idle = rollouts.take(int(state.step))
-  samples, scores, keep_B, stats, data_state = rollout_and_score(ctx, state, k_sample, first)
+  sb = rollout_and_score(ctx, state, k_sample, first)
+  stats = dict(sb.stats)
   # How long the step waited for its samples: generating them here, or blocked on the background thread.
   stats["time/rollout_wait_s"] = stats["time/sync_s"] + stats["time/rollout_s"] if rollouts is None else idle
   stats["time/idle_s"] = idle
-  batch, b_stats = build_batch(ctx, state, samples, scores, keep_B)
+  batch, b_stats = build_batch(ctx, state, sb)
   if theta_s is None and state.lag_params:
     theta_s = snapshot(state.params)
   step_no = int(state.step) + 1  # as metrics.jsonl and log.dump_steps count
   recorder = None
-  if ctx.factors_update_fn is not None and dump_lib.wanted(ctx.cfg, step_no):
+  if dump_lib.wanted(ctx.cfg, step_no):
     recorder = dump_lib.FactorRecorder(batch.tokens_BR.shape[0], ctx.cfg.train.epochs)
   state, u_stats = run_updates(ctx, state, batch, recorder)
   if theta_s is not None:
     state = state.push_lag(theta_s)
-  state = state.replace(step=state.step + 1, key=key, data_state=data_state)
+  state = state.replace(step=state.step + 1, key=key, data_state=sb.data_state)
   metrics = {**stats, **b_stats, **u_stats}
   metrics["trust/clip_frac"] = metrics.get("trust/clip_low_frac", 0.0) + metrics.get("trust/clip_high_frac", 0.0)
   metrics["lr"] = lr
@@ -311,7 +335,6 @@ def rl_step(ctx: StepContext, state: TrainState, rollouts=None) -> tuple[TrainSt
   metrics["perf/tokens_per_s"] = metrics["perf/sampled_tokens"] / max(metrics["time/step_s"], 1e-9)
   if recorder is not None:  # the token-weight dump of this step (training/dump.py)
     t1 = time.time()
-    dump_lib.write_step(ctx, step_no, samples, scores, keep_B, batch, recorder, metrics,
-                        prox_recomputed=recomputes_prox(ctx.cfg))
+    dump_lib.write_step(ctx, step_no, sb, batch, recorder, metrics)
     metrics["time/dump_s"] = time.time() - t1
   return state, metrics

@@ -20,7 +20,9 @@ kernels unless `kernels.impl = "naive"`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +52,16 @@ class LossContext:
 ExtraTerm = Callable[[LossContext], obj_lib.WeightedSum]
 
 
+@struct.dataclass
+class UpdateState:
+  """What one optimizer update reads and replaces (the jitted update donates it)."""
+
+  params: dict  # the policy params (model pytree)
+  opt_state: tuple  # optax state of `params`
+  value_params: dict  # the value head (PPO; trained only when UpdateSpec.use_value)
+  value_opt_state: tuple  # optax state of `value_params`
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateSpec:
   """Static description of the update (hashable: a jit static argument)."""
@@ -61,7 +73,7 @@ class UpdateSpec:
   temperature: float  # the sampling temperature: pi_theta is evaluated at it, like mu
   impl: str  # kernels.impl
   use_value: bool  # PPO: train the value head
-  prox_detached: bool = False  # log pi_prox := stop_gradient(log pi_theta) of this pass (train.prox='detach')
+  prox_source: str = "recompute"  # log pi_prox: the batch's recompute | detach (this pass's, gradient stopped) | behaviour (mu); training/prox.py
   extra_terms: tuple[tuple[str, ExtraTerm], ...] = ()
 
 
@@ -79,9 +91,10 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
       behav_hidden_BRD=mb.behav_hidden_BRD if obj.needs_token_kl else None,
       behav_head_DV=aux[AUX_BEHAV_HEAD] if obj.needs_token_kl else None)
   logp_BR, entropy_BR = vt.logp_BR, vt.entropy_BR
-  prox_BR = jax.lax.stop_gradient(logp_BR) if spec.prox_detached else mb.prox_logp_BR
+  prox_BR = {"recompute": mb.prox_logp_BR, "detach": jax.lax.stop_gradient(logp_BR),
+             "behaviour": mb.behav_logp_BR}[spec.prox_source]
   pl = obj_lib.policy_loss(
-      logp_BR, prox_BR if obj.needs_prox else None, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
+      logp_BR, prox_BR, mb.behav_logp_BR, mb.adv_BR, mb.mask_BR, obj,
       norms=norms, centering=vt.centering_BR, kl_BR=vt.kl_BR,
       ref_logp_BR=mb.ref_logp_BR if obj.needs_ref and obj.kl_placement == "loss" else None,
       entropy_BR=entropy_BR if obj.needs_entropy else None)
@@ -117,8 +130,9 @@ def _combine_extrema(a: dict, b: dict) -> dict:
   return {k: (jnp.minimum if k.endswith("_min") else jnp.maximum)(a[k], b[k]) for k in a}
 
 
-def _update(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx):
+def _update(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx):
   """The update and the loss's per-token factors ({name: [mini, R]}, rows in batch order)."""
+  params, opt_state, vparams, vopt_state = state.params, state.opt_state, state.value_params, state.value_opt_state
   norms = obj_lib.batch_norms(batch.mask_BR, spec.group_size if spec.objective.aggregation ==
                               "group_token_mean" else 1, spec.objective)
   grad_fn = jax.grad(_micro_loss, argnums=(0, 1), has_aux=True)
@@ -160,25 +174,77 @@ def _update(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict
   out["update/skipped_nonfinite"] = skipped
   if spec.use_value:
     out["grad/value_norm"] = vgrad_norm
-  return params, opt_state, vparams, vopt_state, out, tokens
+  new = UpdateState(params=params, opt_state=opt_state, value_params=vparams, value_opt_state=vopt_state)
+  return new, out, tokens
 
 
-def update_step(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *, spec: UpdateSpec,
-                tx, vtx):
-  """-> (params, opt_state, vparams, vopt_state, metrics) for one mini-batch.
+def update_step(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx
+                ) -> tuple[UpdateState, dict]:
+  """One optimizer update on a mini-batch: -> (the new state, metrics).
 
   aux: name -> array, inputs without a batch axis, the same for every
   micro-batch (`LossContext.aux`); AUX_BEHAV_HEAD for TRM.
   """
-  *state, metrics, _ = _update(params, opt_state, vparams, vopt_state, batch, aux, spec=spec, tx=tx, vtx=vtx)
-  return (*state, metrics)
+  new, metrics, _ = _update(state, batch, aux, spec=spec, tx=tx, vtx=vtx)
+  return new, metrics
 
 
-def update_step_with_factors(params, opt_state, vparams, vopt_state, batch: TrainBatch, aux: dict, *,
-                             spec: UpdateSpec, tx, vtx):
+def update_step_with_factors(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx
+                             ) -> tuple[UpdateState, dict, dict]:
   """`update_step` that also returns the policy loss's per-token factors:
-  -> (params, opt_state, vparams, vopt_state, metrics, factors), factors =
-  `TokenFactors.arrays()` of every micro-batch, {name: [mini-batch rows, R]}
-  in the mini-batch's row order. The same update: the token-weight dump's
-  steps run it instead of `update_step` (training/dump.py)."""
-  return _update(params, opt_state, vparams, vopt_state, batch, aux, spec=spec, tx=tx, vtx=vtx)
+  -> (state, metrics, factors), factors = `TokenFactors.arrays()` of every
+  micro-batch, {name: [mini-batch rows, R]} in the mini-batch's row order. The
+  same update: the token-weight dump's steps run it (training/dump.py)."""
+  return _update(state, batch, aux, spec=spec, tx=tx, vtx=vtx)
+
+
+@dataclasses.dataclass(frozen=True)
+class Updater:
+  """A run's update, compiled once here: `apply` is `update_step` under `jax.jit` with the state's
+  shardings, `apply_with_factors` the token-weight dump's variant (compiled at its first call)."""
+
+  spec: UpdateSpec
+  tx: Any  # optax transformation of the policy params
+  vtx: Any  # optax transformation of the value head
+  state_shardings: UpdateState  # the sharding of every leaf of the state (in and out)
+  batch_sharding: jax.sharding.NamedSharding  # the mini-batch's rows over data x fsdp
+  replicated: jax.sharding.NamedSharding  # metrics
+
+  @functools.cached_property
+  def _apply(self):
+    # The state is donated: the update replaces it, the old buffers are dead. `aux` (step.update_aux) is
+    # not donated (the step's updates share it) and keeps the placement update_aux gave it (None).
+    return jax.jit(functools.partial(update_step, spec=self.spec, tx=self.tx, vtx=self.vtx),
+                   in_shardings=(self.state_shardings, self.batch_sharding, None),
+                   out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))
+
+  @functools.cached_property
+  def _apply_with_factors(self):
+    # The per-token factors keep the mini-batch's row axis, sharded like the batch.
+    return jax.jit(functools.partial(update_step_with_factors, spec=self.spec, tx=self.tx, vtx=self.vtx),
+                   in_shardings=(self.state_shardings, self.batch_sharding, None),
+                   out_shardings=(self.state_shardings, self.replicated, self.batch_sharding), donate_argnums=(0,))
+
+  def apply(self, state: UpdateState, batch: TrainBatch, aux: dict) -> tuple[UpdateState, dict]:
+    """`update_step` on one mini-batch (placed with `batch_sharding`); donates `state`."""
+    return self._apply(state, batch, aux)
+
+  def apply_with_factors(self, state: UpdateState, batch: TrainBatch, aux: dict) -> tuple[UpdateState, dict, dict]:
+    """`update_step_with_factors` on one mini-batch; donates `state`."""
+    return self._apply_with_factors(state, batch, aux)
+
+  def lower(self, state: UpdateState, batch: TrainBatch, aux: dict):
+    """`apply`'s program lowered for these arguments (their shapes and shardings): `.compile()` gives
+    its HLO, memory and cost analyses."""
+    return self._apply.lower(state, batch, aux)
+
+  def compiled_count(self) -> int:
+    """How many programs `apply` has compiled (1 for a run whose mini-batches share one shape)."""
+    return self._apply._cache_size()  # pylint: disable=protected-access
+
+
+def make_updater(spec: UpdateSpec, tx, vtx, state: UpdateState, batch_sharding, replicated) -> Updater:
+  """The `Updater` of `spec` for a state placed like `state` (its arrays' shardings)."""
+  shardings = jax.tree.map(lambda a: a.sharding, state)
+  return Updater(spec=spec, tx=tx, vtx=vtx, state_shardings=shardings, batch_sharding=batch_sharding,
+                 replicated=replicated)

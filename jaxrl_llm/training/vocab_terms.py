@@ -6,10 +6,10 @@ temperature T, per response token:
     logp     = log p(y_t)
     entropy  = -sum_v p(v) log p(v)
     C        = sum_{v in top-k} sg(mu_v W_v - gamma f(1/gamma) p_v) log p(v)
-               (Score Centering's top-k drift term, spec 002 "Top-k
-               approximation"; objectives/score_centering.py)
+               (Score Centering's top-k drift term, docs/objectives.md
+               eq. 8.5; objectives/score_centering.py)
     KL       = KL(mu || p) = sum_v mu(v) (log mu(v) - log p(v))
-               (TRM's token divergence, spec 002 sec. 4.7; stop-gradient)
+               (TRM's token divergence, docs/objectives.md eq. 4.4; stop-gradient)
 
 where mu(. | h_t) = softmax(h_mu @ w_mu / T) is the sampler's distribution:
 its own final hidden states and output head (sampler params and dtype),

@@ -12,9 +12,8 @@ import pytest
 
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.tokenizer import CharTokenizer
-from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.config import SamplingConfig, ServerConfig
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine
-from jaxrl_llm.sampling.openai_request import ServerEngineConfig
 from jaxrl_llm.tasks.pipeline import PromptBatch
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -49,10 +48,10 @@ def sampling(**kw) -> SamplingConfig:
   return SamplingConfig(**{**base, **kw})
 
 
-def settings(url, **kw) -> ServerEngineConfig:
+def settings(url, **kw) -> ServerConfig:
   base = dict(url=url, sync="none", on_exit="error", timeout_s=1.0, retries=2, backoff_s=0.01, wait_s=3.0,
               concurrency=4)
-  return ServerEngineConfig(**{**base, **kw})
+  return ServerConfig(**{**base, **kw})
 
 
 @pytest.fixture

@@ -42,14 +42,13 @@ from jaxrl_llm.model.logprobs import response_hidden
 from jaxrl_llm.model.params import init_params
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.model.transformer import logits as model_logits
-from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.config import SamplingConfig, ServerConfig
 from jaxrl_llm.sampling.generate import generate
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine, make_openai_engine
-from jaxrl_llm.sampling.openai_request import ServerEngineConfig
 from jaxrl_llm.sampling.processors import process_logits
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
 from jaxrl_llm.tasks.pipeline import PromptBatch
-from jaxrl_llm.training.recompute import policy_logprobs
+from jaxrl_llm.training.recompute import RecomputeSpec, policy_logprobs
 
 
 def _runs(path: str) -> bool:
@@ -106,15 +105,14 @@ def sampling(**kw) -> SamplingConfig:
 
 
 def managed(scfg, **kw) -> OpenAIEngine:
-  s = dict(command=COMMAND, sync="restart", timeout_s=60.0, retries=3, backoff_s=0.05, wait_s=60.0, concurrency=2,
-           ctx_per_slot=64)
-  return make_openai_engine(model_cfg=MODEL, sampling_cfg=scfg, tokenizer=TOK,
-                            settings=ServerEngineConfig(**{**s, **kw}))
+  s = dict(command=COMMAND, sync="restart", timeout_s=60.0, retries=3, backoff_s=0.05, wait_s=60.0, concurrency=2)
+  return make_openai_engine(model_cfg=MODEL, sampling_cfg=scfg, tokenizer=TOK, settings=ServerConfig(**{**s, **kw}),
+                            ctx_per_slot=64)
 
 
 def _recompute(params, batch, temperature=1.0):
-  logp, _ = policy_logprobs(params, None, batch.prompt_BP, batch.prompt_mask_BP, batch.tokens_BR, batch.mask_BR,
-                            model_cfg=MODEL, temperature=temperature, impl="naive", chunk=batch.tokens_BR.shape[0])
+  logp, _ = policy_logprobs(params, batch, RecomputeSpec(model_cfg=MODEL, temperature=temperature, impl="naive",
+                                                         chunk=batch.tokens_BR.shape[0]))
   return logp
 
 
@@ -172,8 +170,8 @@ def test_rl_steps_through_llama_cpp_with_a_sync_every_step(tmp_path, quiet_log):
 
   from jaxrl_llm.training.config import from_config_dict
 
-  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_command": COMMAND,
-                                     "rollout.server_concurrency": 2, "rollout.sync_every": 1, "train.steps": 3})
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server.command": COMMAND,
+                                     "rollout.server.concurrency": 2, "rollout.server.sync_every": 1, "train.steps": 3})
   tr = make_trainer(from_config_dict(c), tmp_path / "run", quiet_log)
   state = tr.start_rl(tr.setup_extensions(tr.init_state(jax.random.key(0))))
   eng = tr.context.engine
@@ -191,16 +189,16 @@ def test_rl_steps_through_llama_cpp_with_a_sync_every_step(tmp_path, quiet_log):
 
 
 def test_async_rl_steps_through_llama_cpp_sample_with_the_previous_policy(tmp_path, quiet_log):
-  # rollout.async with staleness 1: llama.cpp's server gets theta_{max(s-1, 0)} (exported and restarted in the
+  # rollout.overlap with staleness 1: llama.cpp's server gets theta_{max(s-1, 0)} (exported and restarted in the
   # background thread) before step s's batch: versions 0, 0, 1, so two exports, and lag 0, 1, 1.
   from run_helpers import load_config, make_trainer, shrink
 
   from jaxrl_llm.training.async_rollout import AsyncRollouts
   from jaxrl_llm.training.config import from_config_dict
 
-  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_command": COMMAND,
-                                     "rollout.server_concurrency": 2, "rollout.sync_every": 1,
-                                     "rollout.staleness": 1, "rollout.async": True, "train.steps": 3})
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server.command": COMMAND,
+                                     "rollout.server.concurrency": 2, "rollout.server.sync_every": 1,
+                                     "rollout.staleness": 1, "rollout.overlap": True, "train.steps": 3})
   tr = make_trainer(from_config_dict(c), tmp_path / "run", quiet_log)
   state = tr.start_rl(tr.setup_extensions(tr.init_state(jax.random.key(0))))
   rollouts = AsyncRollouts(tr.context, state, steps=3)
@@ -266,7 +264,7 @@ def test_a_server_with_another_vocabulary_is_refused(tmp_path):
   proc = LlamaServerProcess(COMMAND, alias="smollm2", slots=1, ctx_per_slot=256, wait_s=120.0, log_dir=str(tmp_path))
   proc.start(gguf)
   try:
-    s = ServerEngineConfig(url=proc.url, sync="none", on_exit="error", timeout_s=30.0)
+    s = ServerConfig(url=proc.url, sync="none", on_exit="error", timeout_s=30.0)
     with pytest.raises(ConfigError, match=r"serves 'smollm2' with a vocabulary of 49152 tokens; the trainer's "
                                           rf"model has {V}: another vocabulary") as e:
       OpenAIEngine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=TOK, settings=s)

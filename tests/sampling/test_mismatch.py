@@ -101,7 +101,7 @@ def test_mismatched_params_touch_exactly_the_weight_matrices():
   normal = {p[-1].key for p, s in specs if s.init == "normal"}
   assert normal == set(mm.MATRICES)
   for quant in ("int8", "int4"):
-    out = mm.mismatched_params(params, mm.SamplerMismatch(quant=quant, group=32))
+    out = mm.mismatched_params(params, mm.SamplerMismatch(quant=quant, quant_group=32))
     for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
       name = path[-1].key
       before = jax.tree_util.tree_flatten_with_path(params)[0]
@@ -151,22 +151,31 @@ def test_mismatch_metrics_are_the_formulas():
 
 
 def test_rollout_config_validates_the_mismatch_keys():
+  from run_helpers import load_config, shrink
+
   from jaxrl_llm.sampling.config import RolloutConfig
+  from jaxrl_llm.training.config import from_config_dict
 
   base = dict(engine="builtin", prompts_per_step=2, group_size=2, max_response_len=4, temperature=1.0, top_k=0,
-              top_p=1.0, sampler_dtype="float32", staleness=0, record_topk=0)
-  ok = RolloutConfig(**base, quant="int4", quant_group=16, noise=0.01, noise_seed=3)
-  assert ok.mismatch == mm.SamplerMismatch(quant="int4", group=16, noise=0.01, noise_seed=3)
-  assert ok.mismatched and not RolloutConfig(**base).mismatched
+              top_p=1.0, sampler_dtype="float32", staleness=0, overlap=False, record_topk=0)
+  ok = RolloutConfig(**base, mismatch=mm.SamplerMismatch(quant="int4", quant_group=16, noise=0.01, noise_seed=3))
+  assert ok.mismatch.active and ok.mismatched and not RolloutConfig(**base).mismatched
   assert RolloutConfig(**dict(base, staleness=1)).mismatched
-  cases = [({"quant": "q4"}, r"config\.rollout\.quant='q4' is invalid: allowed \('none', 'int8', 'int4'\)"),
-           ({"quant_group": 0}, r"config\.rollout\.quant_group=0 is out of range"),
-           ({"noise": -0.1}, r"config\.rollout\.noise=-0\.1 is out of range: allowed \[0\.0, 1\.0\]"),
-           ({"noise_seed": -1}, r"config\.rollout\.noise_seed=-1 is out of range"),
-           ({"engine": "other", "quant": "int8"}, r"config\.rollout\.engine='other' is invalid: .*built-in")]
+  # The section read from a config (the path a run takes): the keys under rollout.mismatch, checked there.
+  c = shrink(load_config("grpo"), **{"rollout.mismatch.quant": "int4", "rollout.mismatch.quant_group": 16,
+                                     "rollout.mismatch.noise": 0.01, "rollout.mismatch.noise_seed": 3})
+  assert from_config_dict(c).rollout.mismatch == ok.mismatch
+  cases = [({"quant": "q4"}, r"config\.rollout\.mismatch\.quant='q4' is invalid: allowed \('none', 'int8', 'int4'\)"),
+           ({"quant_group": 0}, r"config\.rollout\.mismatch\.quant_group=0 is out of range"),
+           ({"noise": -0.1}, r"config\.rollout\.mismatch\.noise=-0\.1 is out of range: allowed \[0\.0, 1\.0\]"),
+           ({"noise_seed": -1}, r"config\.rollout\.mismatch\.noise_seed=-1 is out of range")]
   for change, msg in cases:
+    d = shrink(load_config("grpo")).to_dict()
+    d["rollout"]["mismatch"].update(change)
     with pytest.raises(ConfigError, match=msg):
-      RolloutConfig(**dict(base, **change))
+      from_config_dict(d)
+  with pytest.raises(ConfigError, match=r"config\.rollout\.engine='other' is invalid: .*built-in"):
+    RolloutConfig(**dict(base, engine="other"), mismatch=mm.SamplerMismatch(quant="int8"))
 
 
 def test_engine_samples_with_the_quantised_weights():
@@ -181,7 +190,7 @@ def test_engine_samples_with_the_quantised_weights():
   scfg = SamplingConfig(max_new_tokens=4, n_samples=2, eos_ids=(tok.eos_id,))
   prompts = PromptBatch(tokens_BP=np.array([[2, 10, 11], [2, 12, 13]], np.int32), mask_BP=np.ones((2, 3), bool),
                         prompts=("a", "b"), answers=("", ""), tags=("t", "t"))
-  mis = mm.SamplerMismatch(quant="int4", group=32)
+  mis = mm.SamplerMismatch(quant="int4", quant_group=32)
   eng = JaxSampler(model_cfg=cfg, sampling_cfg=scfg, tokenizer=tok, mismatch=mis)
   eng.sync(params, 0)
   key = jax.random.key(5)
@@ -200,7 +209,7 @@ def test_log_c_is_zero_without_mismatch_and_grows_from_int8_to_int4():
   from jaxrl_llm.sampling.config import SamplingConfig
   from jaxrl_llm.sampling.engine import JaxSampler
   from jaxrl_llm.tasks.pipeline import PromptBatch
-  from jaxrl_llm.training.recompute import policy_logprobs
+  from jaxrl_llm.training.recompute import RecomputeSpec, policy_logprobs
 
   tok = CharTokenizer()
   cfg = ModelConfig.tiny(vocab_size=tok.vocab_size, d_model=64, n_layers=2, head_dim=16, d_ff=128, init_std=0.1)
@@ -214,8 +223,7 @@ def test_log_c_is_zero_without_mismatch_and_grows_from_int8_to_int4():
     eng = JaxSampler(model_cfg=cfg, sampling_cfg=scfg, tokenizer=tok, mismatch=mm.SamplerMismatch(quant=quant))
     eng.sync(params, 0)
     smp = eng.generate(prompts, jax.random.key(0))
-    prox, _ = policy_logprobs(params, None, smp.prompt_BP, smp.prompt_mask_BP, smp.tokens_BR, smp.mask_BR,
-                              model_cfg=cfg, temperature=1.0, impl="auto", chunk=16)
+    prox, _ = policy_logprobs(params, smp, RecomputeSpec(model_cfg=cfg, temperature=1.0, impl="auto", chunk=16))
     stats[quant] = mm.mismatch_metrics(prox, np.asarray(smp.behav_logp_BR), smp.mask_BR)
   print({q: round(s["mismatch/log_c_abs_mean"], 6) for q, s in stats.items()})
   assert abs(stats["none"]["mismatch/log_c_mean"]) < 1e-5 and stats["none"]["mismatch/log_c_abs_mean"] < 1e-5
@@ -230,5 +238,5 @@ def test_a_resume_with_another_mismatch_is_refused():
   from jaxrl_llm.training.config import from_config_dict
 
   a = provenance.plain_config(from_config_dict(shrink(load_config("icepop"))))
-  b = provenance.plain_config(from_config_dict(shrink(load_config("icepop"), **{"rollout.quant": "int8"})))
-  assert provenance.result_changes(a, b) == {"rollout.quant": ("none", "int8")}
+  b = provenance.plain_config(from_config_dict(shrink(load_config("icepop"), **{"rollout.mismatch.quant": "int8"})))
+  assert provenance.result_changes(a, b) == {"rollout.mismatch.quant": ("none", "int8")}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.sampling.config import RolloutConfig
+from jaxrl_llm.sampling.config import RolloutConfig, ServerConfig
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine
 from jaxrl_llm.sampling.openai_request import SAMPLER_ORDER, request_fields
@@ -86,7 +86,7 @@ def test_batch_holds_the_answers_and_mu_is_our_processing(server):
   assert batch.prompts == ("12+3=", "12+3=", "7*6=", "7*6=", "ab", "ab")
   assert batch.answers[2] == "42" and batch.tags[5] == "c"
   assert batch.responses[0] == TOK.decode(batch.tokens_BR[0])
-  assert (batch.version_B == -1).all()  # server_sync='none': no trainer step made these weights
+  assert (batch.version_B == -1).all()  # server.sync='none': no trainer step made these weights
   np.testing.assert_array_equal(batch.prompt_BP, np.repeat(pb.tokens_BP, 2, axis=0))
   # the batch joins others like the built-in engine's
   both = RolloutBatch.concat([batch, batch.select(np.array([1, 0]))])
@@ -186,7 +186,7 @@ def test_a_server_that_is_down_is_waited_for(server):
 def test_a_server_that_is_down_is_an_error_when_configured(server):
   eng = engine(server, on_exit="error")
   server.down = True
-  with pytest.raises(RuntimeError, match="does not answer .*server_on_exit='error'"):
+  with pytest.raises(RuntimeError, match="does not answer .*config.rollout.server.on_exit='error'"):
     eng.generate(prompts(), jax.random.key(9))
 
 
@@ -207,16 +207,16 @@ def test_unreachable_server_is_one_line_error():
 
 
 def test_an_unreachable_server_is_a_one_line_error_before_training(tmp_path):
-  # A running server (server_sync='none') on a closed loopback port, waited for server_wait_s: the run
+  # A running server (server.sync='none') on a closed loopback port, waited for server.wait_s: the run
   # stops with the URL named, before the warm start (sft.steps > 0 would log its steps) or any checkpoint.
   from run_helpers import load_config, make_trainer, shrink
 
   from jaxrl_llm.training.config import from_config_dict
 
   url = f"http://127.0.0.1:{free_port()}"
-  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_sync": "none",
-                                     "rollout.server_url": url, "rollout.server_on_exit": "wait",
-                                     "rollout.server_wait_s": 1.0, "rollout.server_backoff_s": 0.1,
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server.sync": "none",
+                                     "rollout.server.url": url, "rollout.server.on_exit": "wait",
+                                     "rollout.server.wait_s": 1.0, "rollout.server.backoff_s": 0.1,
                                      "sft.steps": 20})
   logs = []
   tr = make_trainer(from_config_dict(c), tmp_path / "run", logs.append)
@@ -225,8 +225,8 @@ def test_an_unreachable_server_is_a_one_line_error_before_training(tmp_path):
     tr.run()
   waited = time.monotonic() - t0
   msg = str(e.value)
-  assert "\n" not in msg and msg.startswith(f"config.rollout.server_url={url!r}: no OpenAI-compatible server "
-                                            "answers within config.rollout.server_wait_s=1 s (GET ")
+  assert "\n" not in msg and msg.startswith(f"config.rollout.server.url={url!r}: no OpenAI-compatible server "
+                                            "answers within config.rollout.server.wait_s=1 s (GET ")
   assert waited >= 1.0  # it did wait for the server
   assert not any(line.startswith("sft step") for line in logs) and not any("eval" in line for line in logs)
   assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -246,7 +246,8 @@ def test_other_vocabulary_is_refused():
 
 
 def test_other_model_is_refused(server):
-  with pytest.raises(ConfigError, match=r"server_model='llama-7b': the server at .* serves \['fake-model'\]"):
+  with pytest.raises(ConfigError,
+                     match=r"config.rollout.server.model='llama-7b': the server at .* serves \['fake-model'\]"):
     engine(server, model="llama-7b")
 
 
@@ -290,19 +291,23 @@ def test_what_the_server_cannot_express_is_an_error(kw, match):
 
 def _rollout(**kw) -> RolloutConfig:
   base = dict(engine="openai", prompts_per_step=2, group_size=2, max_response_len=4, temperature=1.0, top_k=0,
-              top_p=1.0, sampler_dtype="float32", staleness=0, record_topk=0)
-  return RolloutConfig(**{**base, **kw})
+              top_p=1.0, sampler_dtype="float32", staleness=0, overlap=False, record_topk=0)
+  server_kw = {k: kw.pop(k) for k in list(kw) if k in ServerConfig.__dataclass_fields__}
+  return RolloutConfig(**{**base, **kw}, server=ServerConfig(**server_kw))
 
 
 @pytest.mark.parametrize("kw,match", [
     (dict(sampler_dtype="bfloat16"), "sampler_dtype='bfloat16' is invalid: engine 'openai' samples at the precision"),
-    (dict(server_url="http://127.0.0.1:1"), "server_sync='restart' starts its own llama.cpp server"),
-    (dict(server_sync="none"), "server_sync='none' needs the http://HOST:PORT"),
-    (dict(server_sync="none", server_url="http://x:1"), "only a server the engine started"),
-    (dict(server_export="q5_k"), r"server_export='q5_k' is invalid: allowed \('f32', 'f16', 'q8_0', 'q4_0'\)"),
-    (dict(server_on_failure="skip"), "server_on_failure='skip' is invalid"),
-    (dict(sync_every=0), "sync_every=0 is out of range"),
-    (dict(server_retries=-1), "server_retries=-1 is out of range"),
+    (dict(url="http://127.0.0.1:1"), r"config.rollout.server.url='http://127.0.0.1:1' is invalid: "
+                                     r"server.sync='restart' starts its own llama.cpp server"),
+    (dict(sync="none"), r"config.rollout.server.url='' is invalid: server.sync='none' needs the http://HOST:PORT"),
+    (dict(sync="none", url="http://x:1"), r"config.rollout.server.on_exit='restart' is invalid: only a server "
+                                          r"the engine started"),
+    (dict(export="q5_k"), r"config.rollout.server.export='q5_k' is invalid: allowed \('f32', 'f16', 'q8_0', 'q4_0'\)"),
+    (dict(on_failure="skip"), r"config.rollout.server.on_failure='skip' is invalid"),
+    (dict(sync_every=0), r"config.rollout.server.sync_every=0 is out of range"),
+    (dict(retries=-1), r"config.rollout.server.retries=-1 is out of range"),
+    (dict(timeout_s=0.0), r"config.rollout.server.timeout_s=0.0 is out of range: allowed \(0.0, 86400.0\]"),
 ])
 def test_rollout_config_refuses(kw, match):
   with pytest.raises(ConfigError, match=match):
@@ -310,7 +315,8 @@ def test_rollout_config_refuses(kw, match):
 
 
 def test_url_must_be_http():
-  with pytest.raises(ConfigError, match="server_url='localhost:8080' is invalid: expected http://HOST:PORT"):
+  with pytest.raises(ConfigError,
+                     match="config.rollout.server.url='localhost:8080' is invalid: expected http://HOST:PORT"):
     OpenAIEngine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=TOK, settings=settings("localhost:8080"))
 
 

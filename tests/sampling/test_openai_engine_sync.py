@@ -16,7 +16,7 @@ import pytest
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.params import init_params
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine, make_openai_engine
-from jaxrl_llm.sampling.openai_request import ServerEngineConfig
+from jaxrl_llm.sampling.config import ServerConfig
 from jaxrl_llm.sampling.weight_sync import SGLangDiskSync
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -29,8 +29,8 @@ from openai_stand_in import (  # noqa: E402
 
 def _managed(tmp_path, **kw) -> OpenAIEngine:
   cmd = f"{sys.executable} {FAKE} " + kw.pop("flags", "")
-  s = ServerEngineConfig(command=cmd, sync="restart", timeout_s=5.0, retries=2, backoff_s=0.01, wait_s=60.0,
-                         concurrency=2, **kw)
+  s = ServerConfig(command=cmd, sync="restart", timeout_s=5.0, retries=2, backoff_s=0.01, wait_s=60.0,
+                   concurrency=2, **kw)
   return make_openai_engine(model_cfg=MODEL, sampling_cfg=sampling(max_new_tokens=4), tokenizer=TOK, settings=s)
 
 
@@ -137,8 +137,8 @@ def test_a_full_disk_at_a_sync_stops_the_run_and_the_last_checkpoint_resumes(tmp
   from jaxrl_llm.training.config import from_config_dict
 
   monkeypatch.setattr(loop, "write_report_safely", lambda workdir, log: None)  # not under test: seconds saved
-  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_command": f"{sys.executable} {FAKE}",
-                                     "rollout.server_concurrency": 4, "rollout.server_backoff_s": 0.01,
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server.command": f"{sys.executable} {FAKE}",
+                                     "rollout.server.concurrency": 4, "rollout.server.backoff_s": 0.01,
                                      "train.steps": 2, "checkpoint.every_steps": 1})
   cfg, wd = from_config_dict(c), tmp_path / "run"
   real, exports = gguf.GGUFWriter.write_tensors_to_file, []
@@ -164,7 +164,7 @@ def test_a_full_disk_at_a_sync_stops_the_run_and_the_last_checkpoint_resumes(tmp
 
 
 def test_missing_server_binary_is_one_line_error():
-  s = ServerEngineConfig(command="no-such-llama-server -t 1", sync="restart")
+  s = ServerConfig(command="no-such-llama-server -t 1", sync="restart")
   with pytest.raises(ConfigError, match="'no-such-llama-server' is not an executable on PATH"):
     make_openai_engine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=TOK, settings=s)
 
@@ -173,9 +173,10 @@ def test_a_tokenizer_the_export_cannot_write_is_refused_before_any_sync():
   class OtherTokenizer:  # e.g. a Hugging Face tokenizer of a checkpoint not converted from a GGUF file
     vocab_size = V
 
-  s = ServerEngineConfig(command=f"{sys.executable} {FAKE}", sync="restart", hf_path="/some/hf/dir")
+  s = ServerConfig(command=f"{sys.executable} {FAKE}", sync="restart")
   with pytest.raises(ConfigError, match="model.hf_path='/some/hf/dir' cannot be written as GGUF metadata"):
-    make_openai_engine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=OtherTokenizer(), settings=s)
+    make_openai_engine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=OtherTokenizer(), settings=s,
+                       hf_path="/some/hf/dir")
 
 
 def test_sglang_hook_writes_a_checkpoint_and_asks_the_server_to_load_it(server, tmp_path):
@@ -195,8 +196,8 @@ def test_rl_steps_through_the_engine_sync_every_step(tmp_path, quiet_log):
 
   from jaxrl_llm.training.config import from_config_dict
 
-  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_command": f"{sys.executable} {FAKE}",
-                                     "rollout.server_concurrency": 4, "rollout.server_backoff_s": 0.01,
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server.command": f"{sys.executable} {FAKE}",
+                                     "rollout.server.concurrency": 4, "rollout.server.backoff_s": 0.01,
                                      "train.steps": 2})
   tr = make_trainer(from_config_dict(c), tmp_path / "run", quiet_log)
   state = tr.start_rl(tr.setup_extensions(tr.init_state(jax.random.key(0))))
@@ -218,17 +219,17 @@ def test_rl_steps_through_the_engine_sync_every_step(tmp_path, quiet_log):
 
 
 def test_a_dropped_sample_is_out_of_the_loss_and_its_groups_baseline(tmp_path, quiet_log, server):
-  """server_on_failure=drop: the failed request's row has no tokens; its group's GRPO advantages are
+  """rollout.server.on_failure=drop: the failed request's row has no tokens; its group's GRPO advantages are
   those of the group without it, (R_i - mean) / (std + eps) over the samples that came back."""
   from run_helpers import load_config, make_trainer, shrink
 
-  from jaxrl_llm.token_dump import read_dump
+  from jaxrl_llm.rundir.token_dump import read_dump
   from jaxrl_llm.training.config import from_config_dict
 
-  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server_url": server.url,
-                                     "rollout.server_sync": "none", "rollout.server_on_exit": "error", "rollout.server_on_failure": "drop",
-                                     "rollout.server_retries": 1, "rollout.server_concurrency": 1,
-                                     "rollout.server_backoff_s": 0.01, "train.steps": 1, "log.dump_steps": (1,)})
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server.url": server.url,
+                                     "rollout.server.sync": "none", "rollout.server.on_exit": "error", "rollout.server.on_failure": "drop",
+                                     "rollout.server.retries": 1, "rollout.server.concurrency": 1,
+                                     "rollout.server.backoff_s": 0.01, "train.steps": 1, "log.dump_steps": (1,)})
   tr = make_trainer(from_config_dict(c), tmp_path / "run", quiet_log)
   state = tr.start_rl(tr.setup_extensions(tr.init_state(jax.random.key(0))))
   try:

@@ -1,4 +1,4 @@
-"""`rollout.async`: the next steps' batches generated in the background (training/async_rollout.py).
+"""`rollout.overlap`: the next steps' batches generated in the background (training/async_rollout.py).
 
 The strongest check is bit-identity: with the same staleness k, a run with
 async rollouts and one without sample the same tokens with the same policy
@@ -49,7 +49,7 @@ THREAD = "jaxrl_llm-rollouts"  # AsyncRollouts' background thread
 TIMING = ("time/", "perf/tokens_per_s")
 
 
-_COMPILED: dict = {}  # run config (but its async flag and checkpoint settings) -> the compiled update
+_COMPILED: dict = {}  # run config (but its overlap flag and checkpoint settings) -> the compiled update
 
 
 @pytest.fixture(autouse=True)
@@ -58,22 +58,22 @@ def _cheaper_runs(monkeypatch):
   and the runs of one config (a sync and an async run, a stopped run and its resume: the same program)
   share one compiled update instead of compiling it each (seconds each on the 8-device test mesh)."""
   monkeypatch.setattr(loop_lib, "write_report_safely", lambda workdir, log: None)
-  compiled, real = _COMPILED, Trainer._compile_update
+  compiled, real = _COMPILED, Trainer.make_updater
 
-  def compile_once(self, state, *, with_factors=False):
-    same = dataclasses.replace(self.cfg, rollout=dataclasses.replace(self.cfg.rollout, async_=False),
+  def compile_once(self, state):
+    same = dataclasses.replace(self.cfg, rollout=dataclasses.replace(self.cfg.rollout, overlap=False),
                                checkpoint=CheckpointConfig())
-    key = (repr(same), with_factors)
+    key = repr(same)
     if key not in compiled:
-      compiled[key] = real(self, state, with_factors=with_factors)
+      compiled[key] = real(self, state)
     return compiled[key]
 
-  monkeypatch.setattr(Trainer, "_compile_update", compile_once)
+  monkeypatch.setattr(Trainer, "make_updater", compile_once)
 
 
-def _cfg(k: int, async_: bool, **overrides):
+def _cfg(k: int, overlap: bool, **overrides):
   return from_config_dict(shrink(load_config("grpo"), **{
-      "rollout.staleness": k, "rollout.async": async_, "train.steps": 3, "train.lr": 1e-2,
+      "rollout.staleness": k, "rollout.overlap": overlap, "train.steps": 3, "train.lr": 1e-2,
       "train.warmup_steps": 0, **overrides}))
 
 
@@ -343,31 +343,55 @@ def test_the_queue_hands_an_error_to_the_step_that_needed_the_batch_and_closes_w
 
 # ---- the config key ------------------------------------------------------------------------
 
-def test_the_async_key_is_validated_and_round_trips():
+def test_the_overlap_key_is_validated_and_round_trips():
   cfg = _cfg(1, True)
-  assert cfg.rollout.async_ is True and _cfg(1, False).rollout.async_ is False
-  assert from_config_dict(plain_config(cfg)).rollout == cfg.rollout  # config.json (field async_) reads back
-  with pytest.raises(ConfigError, match=r"config.rollout.staleness=0 .*rollout.async=True .* use staleness >= 1"):
+  assert cfg.rollout.overlap is True and _cfg(1, False).rollout.overlap is False
+  assert from_config_dict(plain_config(cfg)).rollout == cfg.rollout  # config.json reads back
+  with pytest.raises(ConfigError, match=r"config.rollout.staleness=0 .*rollout.overlap=True .* use staleness >= 1"):
     _cfg(0, True)
   d = shrink(load_config("grpo")).to_dict()  # a dict: the locked ConfigDict would refuse the str itself
-  d["rollout"]["async"] = "yes"
-  with pytest.raises(ConfigError, match=r"config.rollout.async must be a bool, got 'yes'"):
+  d["rollout"]["overlap"] = "yes"
+  with pytest.raises(ConfigError, match=r"config.rollout.overlap must be a bool, got 'yes'"):
     from_config_dict(d)
-  with pytest.raises(ConfigError, match=r"config.filters.dynamic_sampling=True .*rollout.async"):
+  with pytest.raises(ConfigError, match=r"config.filters.dynamic_sampling=True .*rollout.overlap"):
     _cfg(1, True, **{"filters.dynamic_sampling": True})
 
 
-@pytest.mark.parametrize("flag", ["--config.rollout.async=True", '--config.rollout["async"]=True'])
-def test_the_command_line_sets_the_async_key(tmp_path, flag):
-  # ml_collections parses a --config.* path as a Python expression, where the keyword cannot follow a
-  # dot: cli.run rewrites the dotted form to the subscript. The run's own check (staleness 0) answers,
-  # before any model is built.
+def _train_cli(tmp_path, *args):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  proc = subprocess.run([sys.executable, "-m", "jaxrl_llm.train", "--config=configs/grpo.py",
-                         flag, f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=300)
+  return subprocess.run([sys.executable, "-m", "jaxrl_llm.train", *args, f"--workdir={tmp_path / 'run'}"],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _errors(proc) -> list[str]:
+  return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_the_command_line_sets_the_overlap_key(tmp_path):
+  # The run's own check (staleness 0) answers, before any model is built.
+  proc = _train_cli(tmp_path, "--config=configs/grpo.py", "--config.rollout.overlap=True")
   assert proc.returncode == 2, proc.stderr[-2000:]
-  assert "error: config.rollout.staleness=0 is invalid: rollout.async=True" in proc.stderr
+  assert "error: config.rollout.staleness=0 is invalid: rollout.overlap=True" in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--config.rollout.async=True", '--config.rollout["async"]=True'])
+def test_the_old_async_key_on_the_command_line_names_the_new_one(tmp_path, flag):
+  proc = _train_cli(tmp_path, "--config=configs/grpo.py", flag)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert _errors(proc) == ["error: config.rollout.async was renamed: use --config.rollout.overlap=True"]
+  assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_old_async_key_in_a_config_file_names_the_new_one(tmp_path):
+  path = tmp_path / "old_async.py"
+  path.write_text("from jaxrl_llm.training.defaults import get_config as base\n\n\n"
+                  "def get_config():\n  c = base('grpo')\n  c.rollout['async'] = True\n  return c\n")
+  proc = _train_cli(tmp_path, f"--config={path}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert _errors(proc) == ["error: config.rollout.async was renamed: use config.rollout.overlap "
+                           "(--config.rollout.overlap=... on the command line, c.rollout.overlap = ... in a "
+                           "config file)"]
+  assert "Traceback" not in proc.stderr
 
 
 # ---- the openai engine ---------------------------------------------------------------------
@@ -375,9 +399,10 @@ def test_the_command_line_sets_the_async_key(tmp_path, flag):
 def test_async_through_the_openai_stand_in_with_sync_every_step(tmp_path):
   """The engine's server (the stand-in, started and restarted on a GGUF export by the engine) gets
   theta_{max(s-1, 0)} before step s's batch, in the background: versions 0, 0, 1, so two exports."""
-  cfg = _cfg(1, True, **{"rollout.engine": "openai", "rollout.sync_every": 1, "rollout.server_backoff_s": 0.01,
-                         "rollout.server_command": f"{sys.executable} {fake_openai_server.__file__}",
-                         "rollout.server_concurrency": 4, "train.steps": 3})
+  cfg = _cfg(1, True, **{"rollout.engine": "openai", "rollout.server.sync_every": 1,
+                         "rollout.server.backoff_s": 0.01,
+                         "rollout.server.command": f"{sys.executable} {fake_openai_server.__file__}",
+                         "rollout.server.concurrency": 4, "train.steps": 3})
   tr = _run(cfg, tmp_path / "run")
   rows = _rows(tmp_path / "run")
   assert [r["rollout/version_lag_max"] for r in rows] == [0.0, 1.0, 1.0]

@@ -1,4 +1,4 @@
-"""The token-weight dump (training/dump.py) and its inspector page (jaxrl_llm/inspect.py).
+"""The token-weight dump (training/dump.py) and its inspector page (jaxrl_llm/rundir/inspect_page.py).
 
 Four tiny one-step runs (grpo; icepop on an int4 sampler with two passes of two
 mini-batches; score_centering; rlsd with its self-teacher) dump their step.
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from run_helpers import REPO, load_config, make_trainer, shrink
-from jaxrl_llm import inspect as inspect_lib
-from jaxrl_llm import token_dump
+from jaxrl_llm.rundir import inspect_page as inspect_lib
+from jaxrl_llm.rundir import token_dump
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.step import rl_step
@@ -32,7 +32,7 @@ from jaxrl_llm.training.step import rl_step
 RUNS = {
     "grpo": {},
     # int4 sampler: c != 1; a +-1% band masks some tokens; 2 passes x 2 mini-batches move r.
-    "icepop": {"rollout.quant": "int4", "objective.band_low": 0.99, "objective.band_high": 1.01,
+    "icepop": {"rollout.mismatch.quant": "int4", "objective.band_low": 0.99, "objective.band_high": 1.01,
                "train.epochs": 2, "train.mini_batches": 2, "train.lr": 3e-2, "train.warmup_steps": 0},
     "score_centering": {},
     "rlsd": {},
@@ -111,7 +111,7 @@ def test_rlsd_dump_holds_the_teacher_signals(dumps):
   loss = a["loss_mask_BR"]
   np.testing.assert_allclose(a["ext_teacher__gap"][loss], (a["ext_teacher__teacher_logp"] -
                                                           a["ext_teacher__student_logp"])[loss], atol=1e-6)
-  # RLSD: A = A_reward * clip(exp(sign(A) gap), 1 - eps_w, 1 + eps_w) with lam = 1 (spec 000 eq. 37-40)
+  # RLSD: A = A_reward * clip(exp(sign(A) gap), 1 - eps_w, 1 + eps_w) with lam = 1 (docs/objectives.md eqs. 11.13-11.14)
   a_r, gap = a["ext_teacher__reward_adv"], a["ext_teacher__gap"]
   u = np.clip(np.exp(np.sign(a_r) * gap), 0.8, 1.2)
   np.testing.assert_allclose(a["factor_A_KBR"][0][loss], (a_r * u)[loss], rtol=1e-5, atol=1e-7)

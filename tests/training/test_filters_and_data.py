@@ -6,7 +6,7 @@ import pytest
 from jaxrl_llm.tasks.arithmetic import ArithmeticTask
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.tasks.pipeline import PromptPipeline, encode_prompts
-from jaxrl_llm.training.filters import choose_groups, informative_groups, overlong_keep
+from jaxrl_llm.training.score import choose_groups, informative_groups, overlong_keep
 from jaxrl_llm.training.score import soft_overlong_penalty
 
 

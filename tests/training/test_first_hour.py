@@ -11,16 +11,14 @@ import pytest
 
 from run_helpers import REPO, load_config, make_trainer, shrink
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.tasks.rewards import RewardRunner
+from jaxrl_llm.rundir.metrics import read_metrics
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.guards import NoSignalError
-from jaxrl_llm.training.metrics import read_metrics
+from jaxrl_llm.training.tiny import TINY_MODEL, config_flags
 
 # A tiny run for the command line: seconds, one device.
-TINY = ["--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
-        "--config.model.n_kv_heads=1", "--config.model.d_ff=64", "--config.sft.steps=0", "--config.train.steps=1",
-        "--config.rollout.prompts_per_step=4", "--config.rollout.group_size=2", "--config.eval.n_examples=4",
-        "--config.task.n_train=64", "--config.log.progress=False"]
+TINY = config_flags({**TINY_MODEL, "sft.steps": 0, "train.steps": 1, "rollout.prompts_per_step": 4,
+                     "rollout.group_size": 2, "eval.n_examples": 4, "task.n_train": 64, "log.progress": False})
 
 
 def _cli(*args, timeout=300):
@@ -107,8 +105,7 @@ def _always_raises(prompt, response, answer):
 def test_every_reward_failing_stops_the_run(tmp_path):
   logs = []
   cfg = _tiny(**{"train.steps": 6, "guard.warn_after_steps": 1, "guard.stop_after_failed_steps": 3})
-  tr = make_trainer(cfg, tmp_path, logs.append)
-  tr.runner = RewardRunner(_always_raises)
+  tr = make_trainer(cfg, tmp_path, logs.append, reward=_always_raises)
   with pytest.raises(NoSignalError, match=r"failed .* on every sample for 3 steps in a row \(up to step 3\)"):
     tr.run()
   warnings = [s for s in logs if s.startswith("warning: step")]
@@ -120,8 +117,8 @@ def test_every_reward_failing_stops_the_run(tmp_path):
 
 def test_equal_rewards_warn(tmp_path):
   logs = []
-  tr = make_trainer(_tiny(**{"train.steps": 3, "guard.warn_after_steps": 2}), tmp_path, logs.append)
-  tr.runner = RewardRunner(lambda p, r, a: 1.0)
+  tr = make_trainer(_tiny(**{"train.steps": 3, "guard.warn_after_steps": 2}), tmp_path, logs.append,
+                    reward=lambda p, r, a: 1.0)
   summary = tr.run()
   assert summary["rl_steps"] == 3
   rows = read_metrics(os.path.join(tmp_path, "metrics.jsonl"))
@@ -152,7 +149,7 @@ def test_the_update_compiles_once(tmp_path, quiet_log):
   state = tr.start_rl(tr.setup_extensions(tr.init_state(__import__("jax").random.key(0))))
   for _ in range(3):
     state, _ = tr.step(state)
-  assert tr.update_fn._cache_size() == 1
+  assert tr.context.updater.compiled_count() == 1
 
 
 def test_a_resumed_progress_bar_starts_at_its_step():
@@ -189,14 +186,14 @@ def test_keys_added_after_a_workdir_was_written_are_no_change_at_their_defaults(
 
   new = plain_config(from_config_dict(load_config("grpo")))
   old = json.loads(json.dumps(new))
-  del old["rollout"]["quant"], old["train"]["micro_batch_tokens"]
+  del old["rollout"]["mismatch"]["quant"], old["train"]["micro_batch_tokens"]
   assert result_changes(old, new) == {}
   changed = json.loads(json.dumps(new))
-  changed["rollout"]["quant"] = "int4"
+  changed["rollout"]["mismatch"]["quant"] = "int4"
   changed["train"]["lr"] = 1.0
-  assert set(result_changes(old, changed)) == {"rollout.quant", "train.lr"}
+  assert set(result_changes(old, changed)) == {"rollout.mismatch.quant", "train.lr"}
   assert "train.micro_batch_tokens" in flatten(new)
-  # rollout.async changes when batches are generated, not which (async == sync bit for bit at a staleness).
+  # rollout.overlap changes when batches are generated, not which (overlapped == sync bit for bit at a staleness).
   flipped = json.loads(json.dumps(new))
-  flipped["rollout"]["async_"] = not new["rollout"]["async_"]
+  flipped["rollout"]["overlap"] = not new["rollout"]["overlap"]
   assert result_changes(new, flipped) == {}

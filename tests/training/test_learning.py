@@ -28,8 +28,7 @@ def test_method_improves_reward(name, tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config(name), **{
       "train.steps": 12, "train.lr": 1e-2, "train.warmup_steps": 0, "rollout.prompts_per_step": 16,
       "seed": 1}))
-  tr = Trainer(cfg, str(tmp_path), log=quiet_log)
-  tr.runner = RewardRunner(even_first_char)
+  tr = Trainer(cfg, str(tmp_path), log=quiet_log, reward=RewardRunner(even_first_char))
   tr.run()
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   reward = np.array([r["reward/mean"] for r in rows])

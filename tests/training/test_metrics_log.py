@@ -8,7 +8,7 @@ import struct
 import numpy as np
 from tensorboardX.proto import event_pb2
 
-from jaxrl_llm.training.metrics import TensorBoardWriter, read_metrics, truncate_metrics
+from jaxrl_llm.rundir.metrics import TensorBoardWriter, read_metrics, truncate_metrics
 
 
 def records(path):

@@ -24,8 +24,7 @@ NAMES = sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py") and f !=
 @pytest.mark.parametrize("name", NAMES)
 def test_config_runs_three_steps(name, tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config(name)))
-  tr = Trainer(cfg, str(tmp_path), log=quiet_log)
-  tr.runner = RewardRunner(_parity_reward)
+  tr = Trainer(cfg, str(tmp_path), log=quiet_log, reward=RewardRunner(_parity_reward))
   summary = tr.run()
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1, 2, 3]

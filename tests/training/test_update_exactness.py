@@ -31,10 +31,10 @@ class _Terms(Extension):
 
 def _one_step(name, tmp_path, log, *, extra_terms=(), **overrides):
   cfg = from_config_dict(shrink(load_config(name), **{"train.steps": 1, **overrides}))
-  tr = make_trainer(cfg, tmp_path, log, extensions=[_Terms(extra_terms)] if extra_terms else ())
   # Plain SGD: the parameter change is -lr * gradient, so equal changes mean
   # equal gradients (Adam's g / sqrt(v) would amplify rounding of tiny entries).
-  tr.tx = optax.sgd(0.5)
+  tr = make_trainer(cfg, tmp_path, log, extensions=[_Terms(extra_terms)] if extra_terms else (),
+                    optimizer=optax.sgd(0.5))
   state = tr.start_rl(tr.init_state(jax.random.key(0)))
   before = jax.device_get(state.params)
   state, metrics = rl_step(tr.context, state)
@@ -72,8 +72,7 @@ def _flaky_reward(prompt, response, answer):
 
 def test_raising_reward_is_contained_by_the_loop(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("grpo"), **{"train.steps": 2}))
-  tr = Trainer(cfg, str(tmp_path), log=quiet_log)
-  tr.runner = RewardRunner(_flaky_reward, timeout_s=1.0)
+  tr = Trainer(cfg, str(tmp_path), log=quiet_log, reward=RewardRunner(_flaky_reward, timeout_s=1.0))
   summary = tr.run()
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert len(rows) == 2 and summary["rl_steps"] == 2

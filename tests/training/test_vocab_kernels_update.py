@@ -18,9 +18,9 @@ from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.model.logprobs import response_hidden
-from jaxrl_llm.training.recompute import behaviour_head, behaviour_hidden
+from jaxrl_llm.training.recompute import RecomputeSpec, behaviour_head, behaviour_hidden
 from jaxrl_llm.training.step import rl_step
-from jaxrl_llm.training.update import UpdateSpec, update_step
+from jaxrl_llm.training.update import UpdateSpec, UpdateState, update_step
 
 V, B, P, R, K = 53, 4, 3, 6, 5  # V and K not multiples of any tile size
 TEMPERATURE = 0.8  # != 1: pi_theta and mu are both tempered
@@ -53,8 +53,9 @@ def _setup(preset: str, sampler_dtype=None):
   tokens_BR = np.asarray(jax.random.randint(ks[1], (B, R), 0, V), np.int32)
   mask_BR = np.arange(R)[None, :] < np.array([6, 4, 5, 2])[:, None]
   scfg = SamplingConfig(temperature=TEMPERATURE, dtype=sampler_dtype)
-  behav_hidden_BRD = behaviour_hidden(sampler_params, scfg, CFG, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR,
-                                      chunk=B)
+  rows = types.SimpleNamespace(prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP, tokens_BR=tokens_BR, mask_BR=mask_BR)
+  behav_hidden_BRD = behaviour_hidden(sampler_params, scfg, rows,
+                                      RecomputeSpec(model_cfg=CFG, temperature=TEMPERATURE, impl="naive", chunk=B))
   aux = behaviour_head(CFG, scfg, types.SimpleNamespace(sampler_params=lambda: sampler_params))
   assert behav_hidden_BRD.dtype == aux[AUX_BEHAV_HEAD].dtype == jnp.dtype(sampler_dtype or "float32")
   mu_logp_BRV = _full_logp(behav_hidden_BRD, aux[AUX_BEHAV_HEAD])
@@ -83,8 +84,9 @@ def _update(obj, params, batch, aux, impl):
                     use_value=False)
   tx = optax.sgd(1.0)  # the parameter change is -gradient
   fn = jax.jit(update_step, static_argnames=("spec", "tx", "vtx"))
-  new, _, _, _, metrics = fn(params, tx.init(params), {}, (), batch, aux, spec=spec, tx=tx, vtx=tx)
-  return jax.tree.map(lambda a, b: np.asarray(a - b), new, params), jax.device_get(metrics)
+  state = UpdateState(params=params, opt_state=tx.init(params), value_params={}, value_opt_state=())
+  new, metrics = fn(state, batch, aux, spec=spec, tx=tx, vtx=tx)
+  return jax.tree.map(lambda a, b: np.asarray(a - b), new.params, params), jax.device_get(metrics)
 
 
 @pytest.mark.parametrize("preset,sampler_dtype", [("score_centering", None), ("mis_sc", None), ("trm", None),
@@ -112,8 +114,7 @@ def test_fused_update_equals_naive(preset, sampler_dtype):
 
 def _trainer_steps(name, tmp_path, log, impl, steps, **overrides):
   cfg = from_config_dict(shrink(load_config(name), **{"train.steps": steps, "kernels.impl": impl, **overrides}))
-  tr = make_trainer(cfg, tmp_path / impl, log)
-  tr.tx = optax.sgd(0.5)  # the parameter change is -lr * gradient
+  tr = make_trainer(cfg, tmp_path / impl, log, optimizer=optax.sgd(0.5))  # the parameter change is -lr * gradient
   state = tr.start_rl(tr.init_state(jax.random.key(0)))
   before = jax.device_get(state.params)
   state, metrics = rl_step(tr.context, state)
@@ -136,7 +137,7 @@ def test_trainer_step_is_the_same_with_the_kernels(name, steps, overrides, tmp_p
   assert scale > 1e-4  # a real update
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale), d, d_naive)
   # The second step reused the compiled update: aux and batch keep their shapes, dtypes and shardings.
-  assert tr.update_fn._cache_size() == 1
+  assert tr.context.updater.compiled_count() == 1
   if name == "trm":
     assert m_naive["kl/behav_theta_max"] >= m_naive["kl/behav_theta"] > 1e-4
     np.testing.assert_allclose(m["kl/behav_theta"], m_naive["kl/behav_theta"], rtol=1e-3)
@@ -168,8 +169,8 @@ def test_streamed_update_holds_no_rows_by_vocab_array(preset):
     spec = UpdateSpec(model_cfg=cfg, objective=obj, group_size=b, n_micro=1, temperature=1.0, impl=impl,
                       use_value=False)
     fn = jax.jit(update_step, static_argnames=("spec", "tx", "vtx"))
-    compiled = fn.lower(params, jax.eval_shape(tx.init, params), {}, (), batch, aux, spec=spec, tx=tx,
-                        vtx=tx).compile()
+    state = UpdateState(params=params, opt_state=jax.eval_shape(tx.init, params), value_params={}, value_opt_state=())
+    compiled = fn.lower(state, batch, aux, spec=spec, tx=tx, vtx=tx).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
   # Measured on CPU: naive 40 (trm) / 56 (score_centering) MiB, xla_chunked 4.1 / 3.1 MiB.
