@@ -32,6 +32,7 @@ def _tiny_qwen2(path, dtype):
   (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<e>"}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hf_to_orbax_to_hf_is_bit_exact(tmp_path, dtype):
   hf = tmp_path / "hf"
@@ -63,6 +64,7 @@ def test_orbax_side_is_a_trainer_init_checkpoint(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params, want)
 
 
+@pytest.mark.slow
 def test_cli_errors(tmp_path):
   with pytest.raises(SystemExit):
     convert.main(["orbax_to_hf", "--out", str(tmp_path)])  # --checkpoint missing
@@ -71,6 +73,7 @@ def test_cli_errors(tmp_path):
   assert proc.returncode == 0 and "hf_to_orbax" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_character_model_exports_with_its_tokenizer(tmp_path):
   """orbax_to_hf of the built-in character model: transformers loads the folder, tokenizes like
   CharTokenizer and greedy-generates what our sampler generates, without reading this package."""

@@ -12,6 +12,7 @@ import importlib.util
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from run_helpers import load_config, make_trainer, shrink
 from jaxrl_llm import objectives
@@ -44,6 +45,7 @@ def _changed(a, b) -> float:
 
 # ---- an objective preset: objectives/presets.py's PRESETS + configs/<name>.py ------------
 
+@pytest.mark.slow
 def test_add_an_objective_preset(tmp_path, monkeypatch, quiet_log):
   # Step 1: the preset is data, one PRESETS entry (here: REINFORCE with a truncated token IS weight on c).
   toy = objectives.ObjectiveConfig(name="toy_tis", correction="tis", is_cap=1.5, aggregation="token_mean",
@@ -85,6 +87,7 @@ class EchoTask:
             for d in rng.choice(digits, size=n)]
 
 
+@pytest.mark.slow
 def test_add_a_task(tmp_path, monkeypatch, quiet_log):
   monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))  # undone after the test
   monkeypatch.setattr(registry, "_REWARDS", dict(registry._REWARDS))
@@ -132,6 +135,7 @@ class ZeroAdvantage(Extension):
     self.calls = tree
 
 
+@pytest.mark.slow
 def test_add_an_extension(tmp_path, quiet_log):
   overrides = {"train.steps": 2, "log.kl_to_ref": False, "objective.kl_coef": 0.0}
   cfg = from_config_dict(shrink(load_config("grpo"), **overrides))

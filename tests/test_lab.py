@@ -110,6 +110,7 @@ def _cell_files(out, name):
   return summary, rows
 
 
+@pytest.mark.slow
 def test_kill_mid_grid_then_rerun_runs_only_the_missing_cells(grid_dir, base_file):
   out, res = grid_dir["out"], grid_dir["results"]
   names = {c["name"] for c in res["cells"]}
@@ -198,6 +199,7 @@ def test_plots_exist_and_are_not_blank(grid_dir):
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 50, p
 
 
+@pytest.mark.slow
 def test_a_failing_cell_is_recorded_and_the_others_finish(grid_dir, base_file, tmp_path):
   out = str(tmp_path / "sweep")
   shutil.copytree(grid_dir["out"], out)  # the warm start and the finished cells are reused

@@ -31,6 +31,7 @@ def test_smooth_is_a_trailing_mean():
   np.testing.assert_allclose(report.smooth(np.array([1., 3., 5., 7.]), 2), [1, 2, 4, 6])
 
 
+@pytest.mark.slow
 def test_report_single_and_overlay(tmp_path):
   fake_run(tmp_path / "gspo", 0)
   fake_run(tmp_path / "grpo", 1)

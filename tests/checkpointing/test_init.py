@@ -34,6 +34,7 @@ def save_run(workdir, steps):
                  "key": jax.random.key(0)}, data_state={"i": s})
 
 
+@pytest.mark.slow
 def test_from_workdir_latest_and_explicit_step(tmp_path):
   save_run(tmp_path, [1, 2])
   target = model_init(CFG, jax.random.key(99))

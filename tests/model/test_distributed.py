@@ -24,6 +24,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_agree_with_single_process(tmp_path):
   port = _free_port()

@@ -91,6 +91,7 @@ def _torch_logits(model, tokens, mask, positions):
                  position_ids=torch.from_numpy(positions).long()).logits.numpy()
 
 
+@pytest.mark.slow
 def test_logits_match_transformers(gemma_dir):
   tokens, mask, positions = _padded_batch()
   ref = _torch_logits(_torch_model(gemma_dir), tokens, mask, positions)
@@ -140,6 +141,7 @@ def _decode_hidden(params, cfg, tokens, mask, positions, prefill):
   return np.asarray(jnp.concatenate(out, axis=1)), cache
 
 
+@pytest.mark.slow
 def test_local_layers_ignore_tokens_outside_their_window(gemma_dir):
   """Changing the token at position 0 leaves the output of the local layers
   exactly unchanged wherever the token is outside their windows (after one
@@ -192,6 +194,7 @@ def test_cached_decode_equals_full_forward(gemma_dir):
   assert jax.tree.structure(cache_sharding(cfg, mesh)) == jax.tree.structure(cache)
 
 
+@pytest.mark.slow
 def test_gradients_through_the_scan_equal_the_unrolled_loop(gemma_dir):
   """The trainer differentiates the scan (here under remat="full"), whose
   body selects each layer's mask and RoPE table from a traced flag; its
@@ -232,6 +235,7 @@ PROMPTS = [[5, 9, 2, 33, 17, 8, 40, 11, 3], [41, 3, 7, 200, 12], [77, 250], [7, 
 R = 10  # prompts of up to 9 tokens + 10 new ones: well past the window of 4
 
 
+@pytest.mark.slow
 def test_greedy_generation_matches_transformers_generate(gemma_dir):
   params, cfg = load_hf(gemma_dir)
   P = max(len(p) for p in PROMPTS)
@@ -275,6 +279,7 @@ def _tensors(path):
   return out
 
 
+@pytest.mark.slow
 def test_round_trip_through_transformers(gemma_dir, tmp_path):
   """HF -> ours -> HF is bit-exact, transformers loads the export with the
   same logits, and loading the export back gives the same params and config."""

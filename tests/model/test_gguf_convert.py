@@ -91,6 +91,7 @@ def _torch_logits(model, tokens, mask, positions):
                  position_ids=torch.from_numpy(positions).long()).logits.numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_directory_gives_the_written_models_logits(converted, arch):
   _, model, hf_dir = converted[arch]
@@ -108,6 +109,7 @@ def test_directory_gives_the_written_models_logits(converted, arch):
   assert diff.max() <= TOL, f"{arch}: max abs logit diff {diff.max():.3g}"
 
 
+@pytest.mark.slow
 def test_llama3_rope_from_rope_freqs(tmp_path):
   """Llama 3.1's RoPE scaling reaches llama.cpp as the rope_freqs.weight tensor; the directory gets
   the rope_parameters back, and its logits are the original model's."""

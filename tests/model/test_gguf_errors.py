@@ -133,6 +133,7 @@ def test_output_directory_must_be_new_or_empty(llama, tmp_path):
   assert (tmp_path / "full" / "x").read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_convert_cli_reports_one_line(llama, tmp_path):
   *_, good = llama
   out = tmp_path / "cli"

@@ -44,6 +44,7 @@ def _host(tree):
   return jax.tree.map(lambda a: np.asarray(a, np.float32), jax.device_get(tree))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_f32_export_reads_back_bit_for_bit(tmp_path, family):
   cfg = _cfg(family=family, qkv_bias=family == "qwen2", qk_norm=family == "qwen3", rope_theta=1e5)
@@ -124,6 +125,7 @@ def test_unsupported_exports_are_refused(tmp_path):
   assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.slow
 def test_a_gguf_checkpoints_tokenizer_is_copied(tmp_path, pretrained_gguf):
   # SmolLM2's checkpoint as the run loads it (model.hf_path = the .gguf, converted once into the model cache):
   # the export carries its tokenizer.* metadata over, so the served vocabulary is the trainer's.

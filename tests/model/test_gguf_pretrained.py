@@ -175,6 +175,7 @@ def _check_tokenizer(tok, ref_tok, strings):
 # One test per model: its heavy fixtures (conversion, transformers' loading) are built once, whichever
 # pytest-xdist worker runs it.
 
+@pytest.mark.slow
 def test_smollm2(pretrained_gguf, tmp_path):
   gg = GGUFFile(pretrained_gguf("smollm2-135m"))
   hf_dir = gguf_to_hf(gg, str(tmp_path / "hf"))
@@ -222,6 +223,7 @@ GEMMA3_270M = dict(
     layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3)
 
 
+@pytest.mark.slow
 def test_gemma3(pretrained_gguf, tmp_path):
   """(b), (c) are against transformers' Gemma3ForCausalLM on our directory: its tensors are the
   file's ((a) here; the names and the norms' minus one against transformers' gguf loader in

@@ -27,6 +27,7 @@ def padded_batch():
   return tokens, mask, positions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 def test_logits_match_transformers(hf_dirs, family):
   tokens, mask, positions = padded_batch()

@@ -45,6 +45,7 @@ def _reference():
   return params, jax.jit(_loss_and_grad)(params, *_batch())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 4, 2)])
 def test_sharded_forward_and_grad_match_single_device(shape):
   params, (ref_value, ref_hidden, ref_grad) = _reference()
@@ -66,6 +67,7 @@ def test_sharded_forward_and_grad_match_single_device(shape):
   assert grad["layers"]["wq_LDNH"].sharding == shardings["layers"]["wq_LDNH"]
 
 
+@pytest.mark.slow
 def test_sharded_init_matches_single_device_init():
   params, _ = _reference()
   mesh = make_mesh(MeshConfig(2, 2, 2))

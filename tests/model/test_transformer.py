@@ -40,6 +40,7 @@ def _batch(seed=3):
   return tokens, jnp.asarray(mask), jnp.asarray(positions, jnp.int32)
 
 
+@pytest.mark.slow
 def test_causality_gradient_to_later_embeddings_is_exactly_zero():
   """d(logit probe at (b, t)) / d(embedding at (b', t')) for every pair.
 
@@ -113,6 +114,7 @@ def test_cache_prefill_then_decode_matches_full_forward():
   np.testing.assert_allclose(np.asarray(got)[m], np.asarray(full_hidden)[m], atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_unstacked_layers_loop_equals_stacked_scan_with_and_without_cache():
   """The two layer-loop forms (stacked params: scan; unstacked: Python loop)
   give the same hidden states and the same cache, slot for slot."""
@@ -155,6 +157,7 @@ def test_left_padded_rows_equal_unpadded_rows():
   np.testing.assert_allclose(np.asarray(hidden[1, 3:]), np.asarray(hidden[0, :n]), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_remat_policies_do_not_change_values_or_gradients():
   params = _params()
   tokens, mask, positions = _batch()

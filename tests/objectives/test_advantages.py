@@ -20,6 +20,7 @@ def test_grpo_ddof_and_zero_variance():
   np.testing.assert_array_equal(np.asarray(a1[4:]), np.zeros(4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
 def test_singleton_and_constant_groups_give_zero_not_nan(name):
   cfg = get_preset(name)

@@ -42,6 +42,7 @@ def _per_token_loss(x_BR, adv_BR):
   return -adv_BR * x_BR + 0.5 * jnp.square(x_BR)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", AGGREGATIONS)
 def test_micro_batches_are_exact(mode):
   """Sum of micro-batch numerators == full loss; sum of their grads == full grad."""
@@ -76,6 +77,7 @@ def _loss_and_grad(cfg, logp, prox, behav, adv, mask, norms):
   return jax.grad(f, has_aux=True)(logp)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,mode", [("seq_tis", "seq_mean_token_mean"), ("gspo", "group_token_mean")])
 def test_policy_loss_micro_batches_are_exact(name, mode):
   """The full policy loss (sequence-level weights included) accumulates exactly."""
@@ -113,6 +115,7 @@ def test_batch_norms_errors():
     aggregate(LOSS, MASK, "mean")
 
 
+@pytest.mark.slow
 def test_sharded_batch_equals_single_device():
   """Under jit with the batch sharded over the fake 8-device mesh, loss and grad are unchanged."""
   from jax.sharding import NamedSharding, PartitionSpec as P

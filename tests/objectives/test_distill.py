@@ -61,6 +61,7 @@ def test_reverse_kl_gradient_equals_full_vocab_advantage_form_exactly():
   np.testing.assert_allclose(g_sur, g_kl, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_reverse_kl_gradient_equals_sampled_token_advantage_form_in_expectation():
   """Eq. 11.6: -grad RKL = E_{y~p}[(log q(y) - log p(y)) grad log p(y)], Monte Carlo."""
   zs = _logits(6, shape=(V,))

@@ -25,6 +25,7 @@ def _teacher_topk(lt, k):
   return ids, vals
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tail", ["bucket", "renormalize"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_k_equal_vocab_is_the_full_divergence_in_value_and_gradient(tail, kind):
@@ -45,6 +46,7 @@ def test_k_equal_vocab_is_the_full_divergence_in_value_and_gradient(tail, kind):
   np.testing.assert_allclose(g_a, g_f, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_bucket_is_a_lower_bound_for_k_below_vocab(kind):
   ls, lt = _pair(1)
@@ -102,6 +104,7 @@ def test_bad_input():
     topk_support(ls, ids, vals[..., :1], tail="bucket")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tail", ["bucket", "renormalize"])
 @pytest.mark.parametrize("k", [1, 3, V])
 def test_gathered_support_equals_the_full_vocabulary_one(tail, k):

@@ -87,6 +87,7 @@ def library_grad(cfg, adv):
   return jax.grad(loss)(b["z"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_grad_equals_master_equation(name):
   got = library_grad(get_preset(name), BATCH["adv"])

@@ -126,6 +126,7 @@ def _on_policy_grad(c, wrt_logits: bool):
   return np.asarray(jax.grad(loss)(b["z"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_on_policy_equals_reinforce(name):
   """pi_theta = pi_prox = mu: every ratio is 1 and every preset's gradient is REINFORCE's."""

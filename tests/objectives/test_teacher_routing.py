@@ -91,6 +91,7 @@ def _causal_feature(inputs):
   return jnp.cumsum(contrib_BS, axis=1)
 
 
+@pytest.mark.slow
 def test_teacher_inputs_align_positions_under_any_context_padding():
   resp_BR = jnp.array([[7, 8, 9], [7, 8, 0]])
   rmask_BR = jnp.array([[1, 1, 1], [1, 1, 0]], dtype=bool)

@@ -61,6 +61,7 @@ def _reference(w, bits, group, axes):
   return np.transpose(out.reshape(shape), np.argsort(rest + list(axes)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("shape,axes,group", [((6, 64), (1,), 32), ((40, 7), (0,), 16), ((2, 3, 5, 12), (1, 2), 32)])
 def test_fake_quantize_equals_the_llama_cpp_reference(bits, shape, axes, group):
@@ -93,6 +94,7 @@ def _tiny():
                           tie_embeddings=False)
 
 
+@pytest.mark.slow
 def test_mismatched_params_touch_exactly_the_weight_matrices():
   cfg = _tiny()
   params = init_params(cfg, jax.random.key(0))
@@ -114,6 +116,7 @@ def test_mismatched_params_touch_exactly_the_weight_matrices():
         np.testing.assert_array_equal(np.asarray(leaf), np.asarray(orig))
 
 
+@pytest.mark.slow
 def test_noise_is_the_seeded_relative_perturbation():
   cfg = _tiny()
   params = init_params(cfg, jax.random.key(0))
@@ -178,6 +181,7 @@ def test_rollout_config_validates_the_mismatch_keys():
     RolloutConfig(**dict(base, engine="other"), mismatch=mm.SamplerMismatch(quant="int8"))
 
 
+@pytest.mark.slow
 def test_engine_samples_with_the_quantised_weights():
   from jaxrl_llm.model.tokenizer import CharTokenizer
   from jaxrl_llm.sampling.config import SamplingConfig
@@ -202,6 +206,7 @@ def test_engine_samples_with_the_quantised_weights():
   assert not np.allclose(np.asarray(plain.behav_logp_BR), np.asarray(got.behav_logp_BR))
 
 
+@pytest.mark.slow
 def test_log_c_is_zero_without_mismatch_and_grows_from_int8_to_int4():
   # A small model of the built-in family (random init), its own sampler, the trainer's f32 recompute of
   # pi_prox. scripts/mismatch_levels.py measures the default model after its warm start.

@@ -57,6 +57,7 @@ def test_request_carries_every_sampling_knob_in_our_order(server):
   assert len({r["seed"] for r in reqs}) == 6
 
 
+@pytest.mark.slow
 def test_batch_holds_the_answers_and_mu_is_our_processing(server):
   scfg = sampling(temperature=0.7, top_k=5, top_p=0.9, record_topk=3)
   eng = engine(server, scfg)
@@ -206,6 +207,7 @@ def test_unreachable_server_is_one_line_error():
   assert "\n" not in str(e.value) and url in str(e.value)
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_is_a_one_line_error_before_training(tmp_path):
   # A running server (server.sync='none') on a closed loopback port, waited for server.wait_s: the run
   # stops with the URL named, before the warm start (sft.steps > 0 would log its steps) or any checkpoint.

@@ -127,6 +127,7 @@ def test_a_full_disk_at_the_sync_export_is_an_error_and_the_server_keeps_its_wei
     eng.close()
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_a_sync_stops_the_run_and_the_last_checkpoint_resumes(tmp_path, monkeypatch, quiet_log):
   # In a run: the step whose sync fails raises (before its update); the step before it is saved, the
   # engine's server and export folder are gone; the same command, with space again, resumes.
@@ -191,6 +192,7 @@ def test_sglang_hook_writes_a_checkpoint_and_asks_the_server_to_load_it(server, 
 
 # ---- the trainer through the engine ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_rl_steps_through_the_engine_sync_every_step(tmp_path, quiet_log):
   from run_helpers import load_config, make_trainer, shrink
 
@@ -218,6 +220,7 @@ def test_rl_steps_through_the_engine_sync_every_step(tmp_path, quiet_log):
     eng.close()
 
 
+@pytest.mark.slow
 def test_a_dropped_sample_is_out_of_the_loss_and_its_groups_baseline(tmp_path, quiet_log, server):
   """rollout.server.on_failure=drop: the failed request's row has no tokens; its group's GRPO advantages are
   those of the group without it, (R_i - mean) / (std + eps) over the samples that came back."""

@@ -22,6 +22,7 @@ def model():
   return tiny_model()
 
 
+@pytest.mark.slow
 def test_greedy_is_argmax_of_full_recompute(model):
   cfg_m, params = model
   prompt_BP, pmask_BP = pad_prompts(PROMPTS, "left")
@@ -38,6 +39,7 @@ def test_greedy_is_argmax_of_full_recompute(model):
                              atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["right", "mixed"])
 def test_padding_side_and_one_by_one_match(model, side):
   """Left-, right- and mixed-padded batches == each prompt alone, unpadded."""
@@ -51,6 +53,7 @@ def test_padding_side_and_one_by_one_match(model, side):
     np.testing.assert_allclose(batched.raw_logp_BR[b], alone.raw_logp_BR[0], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_sampled_logp_is_processed_distribution(model):
   """log mu == the naive reference mu (temperature, top-k, top-p) on logits
   recomputed by a full forward with the same params and dtype (f32: 2e-5)."""
@@ -79,6 +82,7 @@ def test_sampled_logp_is_processed_distribution(model):
   assert (np.asarray(r.behav_logp_BR) > np.asarray(r.raw_logp_BR) + 1e-3).mean() > 0.5
 
 
+@pytest.mark.slow
 def test_bf16_sampler_matches_bf16_recompute(model):
   """cfg.dtype='bfloat16' samples with bf16 params and compute; a bf16 full
   forward recomputes its log mu to 0.03 (bf16 has 8 mantissa bits; the
@@ -98,6 +102,7 @@ def test_bf16_sampler_matches_bf16_recompute(model):
   assert float(jnp.max(jnp.abs(f32_BR - r.behav_logp_BR))) > 1e-4
 
 
+@pytest.mark.slow
 def test_eos_and_stop_end_rows_and_pad_after(model):
   cfg_m, params = model
   prompt_BP, pmask_BP = pad_prompts(PROMPTS, "left")
@@ -121,6 +126,7 @@ def test_eos_and_stop_end_rows_and_pad_after(model):
   assert r.finish_names()[:2] == ["eos", "stop"]
 
 
+@pytest.mark.slow
 def test_early_exit_when_every_row_has_finished(model):
   """With every id an eos, all rows finish at token 0 and the loop runs no step."""
   cfg_m, params = model
@@ -133,6 +139,7 @@ def test_early_exit_when_every_row_has_finished(model):
   np.testing.assert_array_equal(state.finish_reason_B, FINISH_EOS)
 
 
+@pytest.mark.slow
 def test_groups_seeds_and_jit_cache(model):
   cfg_m, params = model
   prompt_BP, pmask_BP = pad_prompts(PROMPTS, "left")
@@ -151,6 +158,7 @@ def test_groups_seeds_and_jit_cache(model):
   assert all(len({tuple(row) for row in g}) > 1 for g in groups)
 
 
+@pytest.mark.slow
 def test_greedy_groups_are_copies(model):
   cfg_m, params = model
   prompt_BP, pmask_BP = pad_prompts(PROMPTS, "right")
@@ -182,6 +190,7 @@ def test_bad_input(model, change, match):
     generate(params, cfg_m, jnp.asarray(args["tokens"]), jnp.asarray(args["mask"]), args["cfg"], jax.random.key(0))
 
 
+@pytest.mark.slow
 def test_sharded_over_data_axis_equals_unsharded(model):
   """On a (data 2, fsdp 2, tensor 2) mesh with params in the model's sharding,
   rows split over data x fsdp give the unsharded tokens and log mu."""
@@ -202,6 +211,7 @@ def test_sharded_over_data_axis_equals_unsharded(model):
     generate(params, cfg_m, prompt_BP, pmask_BP, cfg, jax.random.key(3), mesh=mesh, data_axis="rows")
 
 
+@pytest.mark.slow
 def test_vocab_limit_is_never_sampled(model):
   """Ids at or past vocab_limit (a vocabulary padded past the tokenizer's) are never
   sampled, even when the model puts nearly all its mass there."""

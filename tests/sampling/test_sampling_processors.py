@@ -50,6 +50,7 @@ def test_greedy_is_point_mass_on_argmax():
     (0.8, 7, 0.9, 0.0), (1.0, 0, 1.0, 0.05), (0.9, 10, 0.8, 0.02), (0.0, 0, 1.0, 0.0),
     (1.0, 17, 1.0, 0.0),
 ])
+@pytest.mark.slow
 def test_matches_naive_reference(temperature, top_k, top_p, min_p):
   logits_BV = jax.random.normal(jax.random.key(3), (4, 17)) * 2.0
   logp_BV = process_logits(logits_BV, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -80,6 +81,7 @@ def _chi2(counts, probs, n):
     (0.6, 0, 1.0, 0.0), (1.5, 0, 1.0, 0.0), (1.0, 3, 1.0, 0.0), (1.0, 0, 0.7, 0.0),
     (0.8, 4, 0.85, 0.0), (1.0, 0, 1.0, 0.2),
 ])
+@pytest.mark.slow
 def test_sampling_frequencies_chi_square(temperature, top_k, top_p, min_p):
   """20k draws (fixed seed) match the naive reference's mu; none outside it."""
   n = 20_000
@@ -98,6 +100,7 @@ def test_sampling_frequencies_chi_square(temperature, top_k, top_p, min_p):
   assert raw_stat > 10 * _CHI2_999[raw_df]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab", [7, 128, 1000])
 def test_sample_from_logp_is_the_inverse_cdf_draw(vocab):
   """Each draw equals a float64 numpy inverse-CDF draw with the same uniform

@@ -67,6 +67,7 @@ def _term_and_reference(stage, s, extra, ref_div_BR, coef):
   return loss, ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_signals_equal_the_full_vocabulary_reference(impl):
   s = make_samples()
@@ -88,6 +89,7 @@ def test_signals_equal_the_full_vocabulary_reference(impl):
 @pytest.mark.parametrize("impl,divergence,beta", [
     ("xla_chunked", "reverse_kl", 0.5), ("xla_chunked", "forward_kl", 0.5), ("xla_chunked", "jsd", 0.3),
     ("xla_chunked", "jsd", 1.0), ("naive", "reverse_kl", 0.5), ("naive", "jsd", 0.3)])
+@pytest.mark.slow
 def test_distill_term_is_the_spec_divergence_in_value_and_gradient(impl, divergence, beta):
   s = make_samples()
   teacher, student = tiny_params(5), tiny_params(6)
@@ -105,6 +107,7 @@ def test_distill_term_is_the_spec_divergence_in_value_and_gradient(impl, diverge
 @pytest.mark.parametrize("impl,tail,divergence", [
     ("xla_chunked", "renormalize", "reverse_kl"), ("xla_chunked", "bucket", "reverse_kl"),
     ("xla_chunked", "bucket", "jsd"), ("naive", "renormalize", "jsd"), ("naive", "bucket", "reverse_kl")])
+@pytest.mark.slow
 def test_topk_term_is_distill_topk_on_the_teachers_topk(impl, tail, divergence):
   k = 5
   s = make_samples()
@@ -127,6 +130,7 @@ def test_topk_term_is_distill_topk_on_the_teachers_topk(impl, tail, divergence):
   _assert_value_and_grad_close(loss, ref, student)
 
 
+@pytest.mark.slow
 def test_route_by_tag_scores_each_row_with_its_teacher():
   """Tags a -> teacher 0, b -> teacher 1 (a wider model), c -> none (m_i = 0)."""
   wide = dataclasses.replace(CFG, d_model=48, head_dim=24)

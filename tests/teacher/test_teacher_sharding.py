@@ -30,6 +30,7 @@ def _save(cfg, tmp_path, name="teacher"):
   return host, str(tmp_path / name)
 
 
+@pytest.mark.slow
 def test_hf_teacher_carries_the_policy_shardings(mesh, tmp_path):
   host, path = _save(TEACHER, tmp_path)
   student = init_sharded_params(STUDENT, jax.random.key(0), mesh)
@@ -50,6 +51,7 @@ def test_hf_teacher_carries_the_policy_shardings(mesh, tmp_path):
   assert {s.data.shape for s in head.addressable_shards} == {(48 // 2, V // 2)}
 
 
+@pytest.mark.slow
 def test_hf_teacher_that_does_not_split_over_the_mesh_is_an_error(mesh, tmp_path):
   _, path = _save(TEACHER.replace(n_kv_heads=1), tmp_path)
   student = init_sharded_params(STUDENT, jax.random.key(0), mesh)

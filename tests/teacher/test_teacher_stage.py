@@ -53,6 +53,7 @@ def test_missing_and_mismatched_teacher_checkpoints(tmp_path):
   np.testing.assert_array_equal(params["embed_VD"], _params(2)["embed_VD"])
 
 
+@pytest.mark.slow
 def test_teacher_forward_is_aligned_with_an_unpadded_reference():
   s = _samples()
   teacher, student = _params(3), _params(4)

@@ -153,6 +153,7 @@ def test_preflight_rejects_bad_teachers_before_training(tmp_path):
   teacher_preflight(run_cfg(source="checkpoint", checkpoint=str(tmp_path / "same_vocab"), topk=V))  # fine
 
 
+@pytest.mark.slow
 def test_cli_fails_on_a_missing_teacher_before_making_the_workdir(tmp_path):
   r = subprocess.run([sys.executable, "-m", "jaxrl_llm.train", "--config=configs/opd.py",
                       "--config.teacher.source=checkpoint", f"--config.teacher.checkpoint={tmp_path}/nope",

@@ -180,6 +180,7 @@ def _assert_version_lag(wd, k: int):
 
 # ---- the same run, generated in the background -------------------------------------------
 
+@pytest.mark.slow
 def test_staleness_1_async_equals_sync_bit_for_bit_and_overlaps_the_update(tmp_path):
   steps, timeline, lines = 3, _Timeline(), []
   sync = _run(_cfg(1, False, **{"train.steps": steps}), tmp_path / "sync", lines=lines)
@@ -208,6 +209,7 @@ def test_staleness_1_async_equals_sync_bit_for_bit_and_overlaps_the_update(tmp_p
     assert r["time/idle_s"] == 0.0 and r["time/rollout_wait_s"] == r["time/sync_s"] + r["time/rollout_s"]
 
 
+@pytest.mark.slow
 def test_staleness_2_async_equals_sync_and_a_sigterm_stop_resumes_exactly(tmp_path):
   """Stopped by SIGTERM after step 3 of 5 (the batches of steps 4 and 5 already made or in the
   making), resumed: the queued batches are regenerated from the checkpoint's lag buffer, key and
@@ -237,6 +239,7 @@ def test_staleness_2_async_equals_sync_and_a_sigterm_stop_resumes_exactly(tmp_pa
 
 # ---- faults ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_rollout_fault_is_raised_at_the_step_that_needed_the_batch(tmp_path, monkeypatch):
   # The third rollout fails: in the background, while step 2 updates, and handed to step 3, which raises
   # it, as the synchronous run raises it in step 3: steps 1 and 2 are done and saved.
@@ -367,6 +370,7 @@ def _errors(proc) -> list[str]:
   return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow
 def test_the_command_line_sets_the_overlap_key(tmp_path):
   # The run's own check (staleness 0) answers, before any model is built.
   proc = _train_cli(tmp_path, "--config=configs/grpo.py", "--config.rollout.overlap=True")
@@ -382,6 +386,7 @@ def test_the_old_async_key_on_the_command_line_names_the_new_one(tmp_path, flag)
   assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_old_async_key_in_a_config_file_names_the_new_one(tmp_path):
   path = tmp_path / "old_async.py"
   path.write_text("from jaxrl_llm.training.defaults import get_config as base\n\n\n"
@@ -396,6 +401,7 @@ def test_the_old_async_key_in_a_config_file_names_the_new_one(tmp_path):
 
 # ---- the openai engine ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_async_through_the_openai_stand_in_with_sync_every_step(tmp_path):
   """The engine's server (the stand-in, started and restarted on a GGUF export by the engine) gets
   theta_{max(s-1, 0)} before step s's batch, in the background: versions 0, 0, 1, so two exports."""

@@ -96,6 +96,7 @@ def _cli(*args):
                         text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
+@pytest.mark.slow
 def test_cli_rejects_unknown_key_and_misspelled_method(tmp_path):
   r = _cli("--config=configs/grpo.py", "--config.train.stepz=3", f"--workdir={tmp_path}/a")
   assert r.returncode != 0 and "stepz" in r.stderr and 'Did you mean "steps"' in r.stderr
@@ -104,6 +105,7 @@ def test_cli_rejects_unknown_key_and_misspelled_method(tmp_path):
   assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_resolved_config_is_saved(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("grpo"), **{"train.steps": 1}))
   Trainer(cfg, str(tmp_path), log=quiet_log).run()

@@ -60,6 +60,7 @@ def dumps(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow
 def test_dumped_factors_are_the_losses(dumps):
   for name, d in dumps.items():
     a, info = d["arrays"], d["info"]
@@ -117,6 +118,7 @@ def test_rlsd_dump_holds_the_teacher_signals(dumps):
   np.testing.assert_allclose(a["factor_A_KBR"][0][loss], (a_r * u)[loss], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_a_dump_leaves_the_result_unchanged(dumps, tmp_path):
   _, state, metrics = _one_step("grpo", str(tmp_path))
   jax.tree.map(np.testing.assert_array_equal, dumps["grpo"]["params"], jax.device_get(state.params))

@@ -48,6 +48,7 @@ def test_prompts_left_padded_with_bos():
     encode_prompts(tok, ex, 4)
 
 
+@pytest.mark.slow
 def test_pipeline_state_restores_the_prompt_stream():
   tok = CharTokenizer()
   ex = ArithmeticTask(digits=2).examples("train", 50)

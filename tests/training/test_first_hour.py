@@ -33,6 +33,7 @@ def _tiny(name="grpo", **overrides):
 
 # ---- 1. provenance -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_resume_with_another_config_is_refused_unless_allowed(tmp_path, quiet_log):
   wd = tmp_path / "run"
   make_trainer(_tiny("gspo"), wd, quiet_log).run()
@@ -69,6 +70,7 @@ def test_a_recipe_reports_its_own_name():
      r"config.init_checkpoint='/nonexistent/run' is not a directory"),
     (["--config=configs/gspo.py", "--config.data.max_prompt_len=3"], r"training example 0 .*more than data.max_prompt_len=3"),
 ])
+@pytest.mark.slow
 def test_user_errors_are_one_line_and_leave_no_workdir(flags, says, tmp_path):
   wd = tmp_path / "wd"
   proc = _cli("jaxrl_llm.train", *flags, *TINY, f"--workdir={wd}")
@@ -80,6 +82,7 @@ def test_user_errors_are_one_line_and_leave_no_workdir(flags, says, tmp_path):
   assert not wd.exists()
 
 
+@pytest.mark.slow
 def test_a_workdir_that_is_a_file_and_debug(tmp_path):
   wd = tmp_path / "afile"
   wd.write_text("")
@@ -102,6 +105,7 @@ def _always_raises(prompt, response, answer):
   raise RuntimeError("verifier crashed")
 
 
+@pytest.mark.slow
 def test_every_reward_failing_stops_the_run(tmp_path):
   logs = []
   cfg = _tiny(**{"train.steps": 6, "guard.warn_after_steps": 1, "guard.stop_after_failed_steps": 3})
@@ -115,6 +119,7 @@ def test_every_reward_failing_stops_the_run(tmp_path):
   assert all(r["signal/failure_rate"] == 1.0 and r["signal/warning"] == 1.0 for r in rows)
 
 
+@pytest.mark.slow
 def test_equal_rewards_warn(tmp_path):
   logs = []
   tr = make_trainer(_tiny(**{"train.steps": 3, "guard.warn_after_steps": 2}), tmp_path, logs.append,
@@ -129,6 +134,7 @@ def test_equal_rewards_warn(tmp_path):
 
 # ---- 6 and 9. the logged learning rate; a run of zero RL steps --------------------------------
 
+@pytest.mark.slow
 def test_logged_lr_is_the_rate_the_step_used(tmp_path, quiet_log):
   cfg = _tiny(**{"train.steps": 3, "train.warmup_steps": 10, "train.lr": 1e-3})
   make_trainer(cfg, tmp_path, quiet_log).run()
@@ -137,11 +143,13 @@ def test_logged_lr_is_the_rate_the_step_used(tmp_path, quiet_log):
   assert lrs == pytest.approx([0.0, 1e-4, 2e-4], rel=1e-6, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_zero_rl_steps_saves_the_warm_started_model(tmp_path, quiet_log):
   make_trainer(_tiny(**{"train.steps": 0}), tmp_path, quiet_log).run()
   assert os.listdir(tmp_path / "checkpoints") == ["0"]
 
 
+@pytest.mark.slow
 def test_the_update_compiles_once(tmp_path, quiet_log):
   # The optimizer's step count came uncommitted from optax's init and committed out of the first
   # update: every method (DAPO's dynamic sampling included) compiled its update twice.
@@ -162,6 +170,7 @@ def test_a_resumed_progress_bar_starts_at_its_step():
   bar.close()
 
 
+@pytest.mark.slow
 def test_evaluate_keeps_greedy_and_sampled_results_and_warns_on_damage(tmp_path, quiet_log):
   wd = tmp_path / "run"
   make_trainer(_tiny(**{"checkpoint.every_steps": 1}), wd, quiet_log).run()

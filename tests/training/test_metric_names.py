@@ -44,6 +44,7 @@ def _literal(pattern: str) -> str | None:
   return m.group(1) if m else None
 
 
+@pytest.mark.slow
 def test_every_panel_finds_the_names_the_trainer_writes(written_names):
   exact = [lit for p in report.PANELS for lit in map(_literal, p.patterns) if lit]
   assert len(exact) >= 8  # the panels name the trainer's metrics exactly, not only by loose patterns

@@ -14,6 +14,7 @@ def _rows(tmp_path):
   return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_on_policy_one_update_gives_unit_ratios(tmp_path, quiet_log):
   # IcePop needs pi_prox (trust region on r, correction on c): both ratios are computed.
   cfg = from_config_dict(shrink(load_config("icepop"), **{"rollout.staleness": 0, "train.steps": 2}))
@@ -25,6 +26,7 @@ def test_on_policy_one_update_gives_unit_ratios(tmp_path, quiet_log):
     assert r["correction/masked_frac"] == 0.0 and r["trust/clip_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_staleness_two_moves_c_and_fires_the_masks(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("icepop"), **{
       "rollout.staleness": 2, "train.steps": 6, "train.lr": 3e-2, "train.warmup_steps": 0,
@@ -40,6 +42,7 @@ def test_staleness_two_moves_c_and_fires_the_masks(tmp_path, quiet_log):
   assert all(abs(r["ratio/r_max"] - 1.0) < 1e-4 for r in rows)
 
 
+@pytest.mark.slow
 def test_bf16_sampler_makes_c_differ_from_one(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("token_tis"), **{"rollout.sampler_dtype": "bfloat16",
                                                              "train.steps": 1}))
@@ -49,6 +52,7 @@ def test_bf16_sampler_makes_c_differ_from_one(tmp_path, quiet_log):
   assert abs(r["ratio/r_max"] - 1.0) < 1e-4
 
 
+@pytest.mark.slow
 def test_several_updates_per_batch_move_r(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("grpo"), **{"train.mini_batches": 4, "train.epochs": 2,
                                                         "train.steps": 1, "train.lr": 1e-2,
@@ -60,6 +64,7 @@ def test_several_updates_per_batch_move_r(tmp_path, quiet_log):
   np.testing.assert_allclose(r["ratio/c_mean"], 1.0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_staleness_k_samples_with_the_params_from_k_steps_before(tmp_path, quiet_log):
   # Step s must sample with theta_{s-k}: after 3 steps with k = 2 the buffer is
   # (theta_1, theta_2), theta_s being the params after s steps.

@@ -34,6 +34,7 @@ def _run(cfg, workdir, monkeypatch):
   return tr, summary, len(calls)
 
 
+@pytest.mark.slow
 def test_detach_equals_the_recompute_with_one_pass_fewer(tmp_path, monkeypatch):
   tr_r, _, passes_r = _run(_cfg("recompute"), tmp_path / "recompute", monkeypatch)
   tr_d, _, passes_d = _run(_cfg("detach"), tmp_path / "detach", monkeypatch)

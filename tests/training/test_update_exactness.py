@@ -41,6 +41,7 @@ def _one_step(name, tmp_path, log, *, extra_terms=(), **overrides):
   return before, jax.device_get(state.params), metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,micro", [("grpo", 8), ("dapo", 8), ("pipelinerl", 16)])
 def test_micro_batching_gives_the_same_update(name, micro, tmp_path, quiet_log):
   b0, a0, m0 = _one_step(name, tmp_path / "full", quiet_log)
@@ -56,6 +57,7 @@ def test_micro_batching_gives_the_same_update(name, micro, tmp_path, quiet_log):
   np.testing.assert_allclose(m0["grad/norm"], m1["grad/norm"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_skips_the_update(tmp_path, quiet_log):
   nan_term = (("poison", lambda ctx: WeightedSum(jnp.sum(ctx.logp_BR) * jnp.nan, jnp.zeros(()))),)
   before, after, m = _one_step("grpo", tmp_path, quiet_log, extra_terms=nan_term)
@@ -70,6 +72,7 @@ def _flaky_reward(prompt, response, answer):
   return float(response.strip() == answer)
 
 
+@pytest.mark.slow
 def test_raising_reward_is_contained_by_the_loop(tmp_path, quiet_log):
   cfg = from_config_dict(shrink(load_config("grpo"), **{"train.steps": 2}))
   tr = Trainer(cfg, str(tmp_path), log=quiet_log, reward=RewardRunner(_flaky_reward, timeout_s=1.0))

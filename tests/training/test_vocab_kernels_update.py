@@ -91,6 +91,7 @@ def _update(obj, params, batch, aux, impl):
 
 @pytest.mark.parametrize("preset,sampler_dtype", [("score_centering", None), ("mis_sc", None), ("trm", None),
                                                   ("trm", "bfloat16")])
+@pytest.mark.slow
 def test_fused_update_equals_naive(preset, sampler_dtype):
   obj, params, batch, aux, kl_BR = _setup(preset, sampler_dtype)
   d_naive, m_naive = _update(obj, params, batch, aux, "naive")
@@ -129,6 +130,7 @@ def _trainer_steps(name, tmp_path, log, impl, steps, **overrides):
 # (measured: mean 0.026, max 0.075).
 @pytest.mark.parametrize("name,steps,overrides", [("score_centering", 2, {}),
                                                   ("trm", 2, {"rollout.staleness": 2})])
+@pytest.mark.slow
 def test_trainer_step_is_the_same_with_the_kernels(name, steps, overrides, tmp_path, quiet_log):
   _, d_naive, m_naive = _trainer_steps(name, tmp_path, quiet_log, "naive", steps if name == "trm" else 1,
                                        **overrides)
@@ -144,6 +146,7 @@ def test_trainer_step_is_the_same_with_the_kernels(name, steps, overrides, tmp_p
     np.testing.assert_allclose(m["kl/behav_theta_max"], m_naive["kl/behav_theta_max"], rtol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["score_centering", "trm"])
 def test_streamed_update_holds_no_rows_by_vocab_array(preset):
   # V = 8 chunks of the default chunk_v = 4096; one [B*R, V] f32 array is 8 MiB,

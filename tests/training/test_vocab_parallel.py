@@ -39,6 +39,7 @@ def _one_step(name, tmp_path, tensor: int, vocab_multiple: int = 4):
   return tr, state, metrics, updater, calls[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["score_centering", "trm"])
 def test_tensor_parallel_step_equals_data_parallel(name, tmp_path):
   _, dp_state, dp_metrics, _, _ = _one_step(name, tmp_path, tensor=1)
@@ -63,6 +64,7 @@ def _head_gathers(tr, update, args) -> list[str]:
   return [s for s in shapes if sorted(map(int, s)) == sorted((V, D))]
 
 
+@pytest.mark.slow
 def test_compiled_update_gathers_no_whole_head(tmp_path, monkeypatch):
   # V = 16,384 > the chunked loop's 4,096 columns, so the plain ops slice the head and XLA gathers it.
   tr, _, _, update, args = _one_step("trm", tmp_path, tensor=4, vocab_multiple=16384)
