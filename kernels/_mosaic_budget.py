@@ -16,18 +16,25 @@ padded to the 128 lanes and each second-to-last to the 8 sublanes
 (16 for 2-byte types) of a TPU tile, as VMEM stores them: a (bn, 1) f32
 column takes bn * 128 * 4 bytes. "4 S" counts the f32 (bn, bv) arrays of one
 step (logits, their exponential, a product, a select, per source); it is an
-estimate, so the compiler gets a limit 25% above the budget.
+estimate (Mosaic's own allocation differs both ways, see ``budget_and_limit``),
+so the compiler gets a limit above the budget.
 
-Tiles: the largest that fit ``VocabTiles.tpu_vmem_bytes``, in the order
-that serves each kernel's reuse. The forward and d hidden kernels re-read
+The budget is ``VocabTiles.tpu_vmem_bytes`` if set, else the target chip's
+default (``target.vmem_budget``: three quarters of its VMEM per core, at most
+32 MiB, so 12 MiB on v4 and 32 MiB on v5e, v5p, v6e, 7x and in the
+interpreter); the compiler's limit is twice the budget, at most the chip's
+VMEM (``budget_and_limit``; 25% above it in the interpreter).
+
+Tiles: the largest that fit the budget, in the order that serves each
+kernel's reuse. The forward and d hidden kernels re-read
 ``w_DV`` once per row block (2 bn flops per element of w), so they take the
 largest block_n in (512, ..., 8) first, then the largest block_v in
 (2048, ..., 128); the d w kernel re-reads the hidden states once per
 vocabulary block, so it takes block_v first. A block at least as long as
 its axis is the whole axis (always a legal TPU block); otherwise block_n is
-a multiple of 8 and block_v of 128. D is never tiled: at the default 32 MiB
-every op fits D up to 8192 in bf16 and f32 (README table), and a shape that
-does not fit raises an error naming the budget to raise.
+a multiple of 8 and block_v of 128. D is never tiled: at 32 MiB every op fits
+D up to 8192 in bf16 and f32 (README table), and a shape that does not fit
+raises an error naming the budget to raise.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from jaxrl_llm.kernels import target
 from jaxrl_llm.kernels.config import MIB, VocabTiles
 
 BLOCK_N = (512, 256, 128, 64, 32, 16, 8)
@@ -112,12 +120,34 @@ def _whole_or(block: int, size: int) -> int:
   return size if block >= size else block
 
 
-def plan(kind: str, n: int, v: int, ops: Operands,
-         tiles: VocabTiles) -> KernelTiles:
+def budget_and_limit(tiles: VocabTiles, device_kind: str) -> tuple[int, int]:
+  """(the tiles' VMEM budget, the compiler's vmem_limit_bytes) on ``device_kind``.
+
+  On a known TPU the compiler may use twice the budget, never more than the
+  chip's VMEM per core: what Mosaic allocates differs from the formula both
+  ways (measured with libtpu 0.0.42.1 at N = 2048, V = 151,936: an f32
+  forward at D = 4096 with a 29.5 MiB formula allocated 59.75 MiB, the f32
+  matmuls at HIGHEST precision splitting their operands; bf16 forwards
+  allocate less than the formula). Elsewhere (the interpreter, an unknown
+  chip) the limit is the budget plus 25%, as before.
+  """
+  budget = (target.vmem_budget(device_kind) if tiles.tpu_vmem_bytes is None
+            else tiles.tpu_vmem_bytes)
+  capacity = target.vmem_capacity(device_kind)
+  if capacity is None:
+    return budget, budget + budget // 4
+  return budget, min(2 * budget, capacity)
+
+
+def plan(kind: str, n: int, v: int, ops: Operands, tiles: VocabTiles,
+         device_kind: str | None = None) -> KernelTiles:
   """The tiles of one kernel: ``tiles.tpu_block_*`` if set, else the largest
-  that fit ``tiles.tpu_vmem_bytes`` (module docstring). Raises ValueError
-  naming the budget when nothing fits."""
-  budget = tiles.tpu_vmem_bytes
+  that fit the VMEM budget of ``device_kind`` (default: the target's,
+  ``target.target_device_kind``; module docstring). Raises ValueError naming
+  the budget when nothing fits."""
+  if device_kind is None:
+    device_kind = target.target_device_kind()
+  budget, limit = budget_and_limit(tiles, device_kind)
   ns = (tiles.tpu_block_n,) if tiles.tpu_block_n else BLOCK_N
   vs = (tiles.tpu_block_v,) if tiles.tpu_block_v else BLOCK_V
   pairs = (itertools.product(ns, vs) if kind != "dw" else
@@ -127,14 +157,19 @@ def plan(kind: str, n: int, v: int, ops: Operands,
     bn, bv = _whole_or(bn, n), _whole_or(bv, v)
     need = vmem_bytes(kind, bn, bv, ops)
     if need <= budget:
-      return KernelTiles(kind, bn, bv, need, budget + budget // 4)
+      return KernelTiles(kind, bn, bv, need, limit)
     smallest = need if smallest is None else min(smallest, need)
   given = ("" if tiles.tpu_block_n is None and tiles.tpu_block_v is None else
            f" at VocabTiles(tpu_block_n={tiles.tpu_block_n}, "
            f"tpu_block_v={tiles.tpu_block_v})")
+  source = ("VocabTiles" if tiles.tpu_vmem_bytes is not None else
+            f"the default for device kind {device_kind!r}:")
+  capacity = target.vmem_capacity(device_kind)
+  holds = ("what the chip's VMEM holds" if capacity is None else
+           f"{capacity // MIB} MiB, this chip's VMEM per core")
   raise ValueError(
       f"the TPU {kind} kernel needs {smallest / MIB:.1f} MiB of VMEM{given} for "
       f"D={ops.dims} (hidden itemsizes {ops.h_bytes}, w {ops.w_bytes}), over "
-      f"VocabTiles.tpu_vmem_bytes={budget} ({budget / MIB:.1f} MiB): raise "
-      "tpu_vmem_bytes (up to what the chip's VMEM holds) or choose smaller "
+      f"{source} tpu_vmem_bytes={budget} ({budget / MIB:.1f} MiB): raise "
+      f"VocabTiles.tpu_vmem_bytes (up to {holds}) or choose smaller "
       "tpu_block_n / tpu_block_v")

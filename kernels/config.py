@@ -15,6 +15,10 @@ through one of four implementations, chosen by ``impl``:
   interpreter, chosen by ``interpret`` (see ``resolve_impl``).
 - ``"auto"``: ``"pallas"`` on GPU and TPU, ``"xla_chunked"`` on CPU.
 
+GPU, TPU or CPU is the platform the computation targets (``target``: the
+devices of the mesh in context, else ``jax.default_backend()``), so a compile
+for a TPU topology from a CPU machine picks the TPU kernels.
+
 ``resolve_impl`` turns (impl, interpret) into one of the concrete paths
 ``RESOLVED_IMPLS``, which is what the ops' ``custom_vjp`` dispatch on.
 """
@@ -30,6 +34,7 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxrl_llm.checks import bad, check_choice, check_int
+from jaxrl_llm.kernels.target import MIB, target_platform
 
 IMPLS = ("auto", "pallas", "xla_chunked", "naive")
 # What resolve_impl returns: "pallas" becomes the kernels of one style.
@@ -54,9 +59,6 @@ def _is_power_of_two(x: int) -> bool:
   return x > 0 and (x & (x - 1)) == 0
 
 
-MIB = 1 << 20
-
-
 @dataclasses.dataclass(frozen=True)
 class VocabTiles:
   """Tile sizes of the streaming vocab ops.
@@ -77,9 +79,12 @@ class VocabTiles:
     tpu_vmem_bytes: the VMEM budget (bytes) the TPU kernels' tiles must fit:
       double-buffered input and output blocks, scratch and f32 temporaries,
       by the formula in ``_mosaic_budget`` (kernels/README.md has a table).
-      The Mosaic compiler gets a limit 25% above it. The default, 32 MiB, fits
-      every TPU generation with 64 MiB or more of VMEM per core (v5e, v5p,
-      v6e, v7x); lower it for smaller ones.
+      The Mosaic compiler gets a limit above it (``_mosaic_budget.
+      budget_and_limit``: twice it on a TPU, at most the chip's VMEM per
+      core; 25% more in the interpreter). None (the default): from the chip the computation targets
+      (``target.vmem_budget``: three quarters of its VMEM per core, at most
+      32 MiB; so 12 MiB on v4, 32 MiB on v5e, v5p, v6e and 7x, and 32 MiB in
+      the TPU interpreter). A value given here overrides it on every chip.
   """
 
   block_n: int = 32
@@ -87,7 +92,7 @@ class VocabTiles:
   chunk_v: int = 4096
   tpu_block_n: int | None = None
   tpu_block_v: int | None = None
-  tpu_vmem_bytes: int = 32 * MIB
+  tpu_vmem_bytes: int | None = None
 
   def __post_init__(self):
     for name in ("block_n", "block_v"):
@@ -107,7 +112,8 @@ class VocabTiles:
         raise bad(f"VocabTiles.{name}", value,
                   f"must be a multiple of {multiple} (TPU tiles are 8 x 128) "
                   "or None (chosen from tpu_vmem_bytes)")
-    check_int("VocabTiles.tpu_vmem_bytes", self.tpu_vmem_bytes, MIB)
+    if self.tpu_vmem_bytes is not None:
+      check_int("VocabTiles.tpu_vmem_bytes", self.tpu_vmem_bytes, MIB)
 
 
 def resolve_impl(impl: str, interpret=None) -> tuple[str, object]:
@@ -115,9 +121,13 @@ def resolve_impl(impl: str, interpret=None) -> tuple[str, object]:
 
   Args:
     impl: one of ``IMPLS``. "auto" is "pallas" on GPU and TPU, "xla_chunked"
-      on CPU (whatever ``interpret`` says).
+      on CPU (whatever ``interpret`` says), by the platform the computation
+      targets: the devices of the mesh in context
+      (``jax.sharding.use_abstract_mesh`` / ``jax.set_mesh``, and inside a
+      ``shard_map`` its mesh), else ``jax.default_backend()``
+      (``target.target_platform``).
     interpret: only read for impl "pallas":
-      - None or False: compile the kernels of the backend, Triton on GPU,
+      - None or False: compile the kernels of the target, Triton on GPU,
         Mosaic on TPU (an error on CPU);
       - True: the Triton kernels in Pallas's generic interpreter, on any
         backend (the GPU-style tests on CPU);
@@ -137,7 +147,7 @@ def resolve_impl(impl: str, interpret=None) -> tuple[str, object]:
         f"interpret={interpret!r}: must be None, a bool (True: the Triton "
         "kernels interpreted) or a jax.experimental.pallas.tpu.InterpretParams"
         " (the Mosaic kernels in TPU interpret mode)")
-  backend = jax.default_backend()
+  backend = target_platform()
   if impl == "auto":
     impl = "pallas" if backend in ("gpu", "tpu") else "xla_chunked"
   if impl != "pallas":

@@ -35,9 +35,28 @@ costs 3 / S of the unsharded stream per device. Fusing the normalisers into
 the ops' outputs would bring both to one pass.
 
 Rows (tokens) are split over ``row_axes`` (data parallel) and must divide by
-their size (``VocabOps`` pads them to a multiple, masked); ``w_DV`` is taken
-as P(None, vocab_axis): a head that is also split along D (fsdp) is gathered
-along D only, never along V.
+their size (``VocabOps`` pads them to a multiple, masked). The trainable head
+``w_DV`` enters as P(embed_axis, vocab_axis) when ``embed_axis`` (fsdp) splits
+its D rows, and is gathered along D inside the map, never along V: the
+transpose of that gather is a reduce-scatter, so its gradient leaves split
+along D as the param is. A head entering whole along D (P(None, vocab_axis),
+as before embed_axis) is gathered by XLA before the map instead, and its
+gradient is all-reduced whole over fsdp and then sliced: in the GSPO update
+compiled for v5p (fsdp 2 x tensor 2, and fsdp 4 with the kernels per row
+shard) one f32 all-reduce of the [D, V / tensor] gradient, now one
+reduce-scatter (tests/kernels/test_tpu_compile.py; with the chunked XLA loop
+XLA still emits it as an all-reduce over the 2 fsdp devices). q's head
+(``vocab_cross``'s ``w_q_EV``, stop-gradient, often a sampler's head held
+whole along E) enters as P(None, vocab_axis).
+
+Without a vocabulary split (vocabulary axis of size 1), ``VocabOps`` runs the
+plain op, except for the Pallas kernels on a mesh of more than one device: a
+Mosaic (or Triton) kernel is one custom call that XLA cannot partition
+("Mosaic kernels cannot be automatically partitioned"), so rows arriving
+split over data / fsdp need the op run per row shard inside ``shard_map``
+(``rows_sharded``), with the whole head on every device, as the plain op
+would see it (the kernels stream whole (D, block_v) columns), gathered along
+D inside as above.
 """
 
 from __future__ import annotations
@@ -65,16 +84,19 @@ class VocabSharding:
 
   mesh: the device mesh. vocab_axis: the mesh axis the head's V columns are
   split over. row_axes: the mesh axes the rows (tokens) are split over; the
-  rest of the mesh holds copies of the rows.
+  rest of the mesh holds copies of the rows. embed_axis: the mesh axis the
+  trainable head's D rows are split over (the params' "embed" axis, fsdp),
+  or None: the head then enters whole along D (module docstring).
   """
 
   mesh: Mesh
   vocab_axis: str = "tensor"
   row_axes: tuple[str, ...] = ("data", "fsdp")
+  embed_axis: str | None = None
 
   def __post_init__(self):
     names = tuple(self.mesh.axis_names)
-    for axis in (self.vocab_axis,) + tuple(self.row_axes):
+    for axis in (self.vocab_axis,) + tuple(self.row_axes) + ((self.embed_axis,) if self.embed_axis else ()):
       if axis not in names:
         raise ValueError(f"VocabSharding: mesh axis {axis!r} is not in the mesh's axes {names}")
     if self.vocab_axis in self.row_axes:
@@ -104,7 +126,23 @@ class VocabSharding:
 
   @property
   def head(self) -> P:
+    """q's head (stop-gradient): whole along its rows, columns over the vocabulary axis."""
     return P(None, self.vocab_axis)
+
+  def d_axis(self, d: int) -> str | None:
+    """The axis the trainable head's D rows enter split over: embed_axis when it has size > 1 and divides D."""
+    a = self.embed_axis
+    return a if a is not None and self.mesh.shape[a] > 1 and d % self.mesh.shape[a] == 0 else None
+
+  def trainable_head(self, d: int) -> P:
+    """in_spec of the trainable head w_DV (module docstring); ``whole_d`` gathers it inside."""
+    return P(self.d_axis(d), self.vocab_axis)
+
+  def whole_d(self, w_DV, d: int):
+    """Inside the map: the trainable head with all D rows (gathered over ``d_axis(d)``, whose
+    transpose reduce-scatters the gradient back to the param's split)."""
+    a = self.d_axis(d)
+    return w_DV if a is None else lax.all_gather(w_DV, a, axis=0, tiled=True)
 
   def map(self, fn, in_specs, out_specs, impl: str, interpret):
     """shard_map over the whole mesh. The Triton kernels in Pallas's generic
@@ -174,7 +212,7 @@ def gather_logprobs_sharded(hidden_ND, w_DV, ids_NK, *, sharding: VocabSharding,
                             mask_N=None, impl="auto", tiles: VocabTiles | None = None,
                             interpret=None) -> TokenLogprobs:
   """``gather_logprobs`` with ``w_DV``'s columns split over ``sharding.vocab_axis``."""
-  n, _, v = check_hidden_w(hidden_ND, w_DV)
+  n, d, v = check_hidden_w(hidden_ND, w_DV)
   temperature = check_temperature(temperature)
   mask_N = check_mask(mask_N, n)
   sharding.check(n, v)
@@ -184,12 +222,12 @@ def gather_logprobs_sharded(hidden_ND, w_DV, ids_NK, *, sharding: VocabSharding,
 
   def body(h, w, ids, mask):
     local, owned = _local_ids(ids, axis, v_s)
-    out = gather_logprobs(h, w, local, temperature=temperature, mask_N=mask, impl=impl, tiles=tiles,
-                          interpret=interpret)
+    out = gather_logprobs(h, sharding.whole_d(w, d), local, temperature=temperature, mask_N=mask, impl=impl,
+                          tiles=tiles, interpret=interpret)
     return _masked(_combine_gather(out, owned, axis), mask)
 
   rows = sharding.rows
-  return sharding.map(body, (rows, sharding.head, rows, rows), rows, impl, interpret)(
+  return sharding.map(body, (rows, sharding.trainable_head(d), rows, rows), rows, impl, interpret)(
       hidden_ND, w_DV, ids_NK, _mask_or_ones(mask_N, n))
 
 
@@ -212,7 +250,7 @@ def vocab_topk_sharded(hidden_ND, w_DV, *, k: int, sharding: VocabSharding, temp
 
   Every shard proposes its own top min(k, V / n_shards): the global top k
   are among them."""
-  n, _, v = check_hidden_w(hidden_ND, w_DV)
+  n, d, v = check_hidden_w(hidden_ND, w_DV)
   temperature = check_temperature(temperature)
   mask_N = check_mask(mask_N, n)
   sharding.check(n, v)
@@ -221,6 +259,7 @@ def vocab_topk_sharded(hidden_ND, w_DV, *, k: int, sharding: VocabSharding, temp
     raise ValueError(f"k={k!r}: must be an int in [1, V = {v}]")
 
   def body(h, w, mask):
+    w = sharding.whole_d(w, d)
     opts = dict(temperature=temperature, mask_N=mask, impl=impl, tiles=tiles, interpret=interpret)
     local = vocab_topk(h, w, k=min(k, v_s), **opts)
     out = gather_logprobs(h, w, local.ids, **opts)  # the same log-probs, and this shard's lse
@@ -234,7 +273,7 @@ def vocab_topk_sharded(hidden_ND, w_DV, *, k: int, sharding: VocabSharding, temp
                      logp=jnp.where(mask[:, None], logp, 0.0))
 
   rows = sharding.rows
-  return sharding.map(body, (rows, sharding.head, rows), rows, impl, interpret)(
+  return sharding.map(body, (rows, sharding.trainable_head(d), rows), rows, impl, interpret)(
       hidden_ND, w_DV, _mask_or_ones(mask_N, n))
 
 
@@ -248,7 +287,7 @@ def vocab_cross_sharded(hidden_ND, w_DV, hidden_q_NE, w_q_EV, *, sharding: Vocab
   kl_pq_s = E_{p_s}[z - y] - lse_s + lq_s; mixing with exp(lse_s - lse) and
   exp(lq_s - lq) gives the full-vocabulary terms.
   """
-  n, _, v = check_hidden_w(hidden_ND, w_DV)
+  n, d, v = check_hidden_w(hidden_ND, w_DV)
   check_hidden_w(hidden_q_NE, w_q_EV, "hidden_q_NE", "w_q_EV")
   if hidden_q_NE.shape[0] != n or w_q_EV.shape[1] != v:
     raise ValueError(f"hidden_q_NE {hidden_q_NE.shape} / w_q_EV {w_q_EV.shape} must have N={n} rows "
@@ -260,6 +299,7 @@ def vocab_cross_sharded(hidden_ND, w_DV, hidden_q_NE, w_q_EV, *, sharding: Vocab
   axis = sharding.vocab_axis
 
   def body(h, w, hq, wq, mask):
+    w = sharding.whole_d(w, d)
     opts = dict(mask_N=mask, impl=impl, tiles=tiles, interpret=interpret)
     c = vocab_cross(h, w, hq, wq, temperature=temperature, temperature_q=temperature_q, **opts)
     zeros = jnp.zeros((h.shape[0],), jnp.int32)
@@ -276,8 +316,40 @@ def vocab_cross_sharded(hidden_ND, w_DV, hidden_q_NE, w_q_EV, *, sharding: Vocab
     return apply_mask(VocabCross(cross=cross, kl_pq=kl_pq, kl_qp=kl_qp), mask)
 
   rows = sharding.rows
-  return sharding.map(body, (rows, sharding.head, rows, sharding.head, rows), rows, impl, interpret)(
+  return sharding.map(body, (rows, sharding.trainable_head(d), rows, sharding.head, rows), rows, impl, interpret)(
       hidden_ND, w_DV, hidden_q_NE, w_q_EV, _mask_or_ones(mask_N, n))
+
+
+def rows_sharded(op, args: tuple, rows: tuple[int, ...], mask_N, *, sharding: VocabSharding, impl="auto",
+                 tiles: VocabTiles | None = None, interpret=None, **kw):
+  """``op(*args, mask_N=mask_N, **kw)`` (a plain op) per shard of the rows, every head whole inside.
+
+  For a vocabulary axis of size 1 (``VocabOps``): a Pallas kernel is one custom
+  call that XLA cannot partition, so the op runs per device. args: the op's
+  positional arrays, ``args[1]`` the trainable head w_DV; rows: the positions
+  of those with a row axis (split over ``sharding.row_axes``, which N must
+  divide). The trainable head enters split along D over ``embed_axis`` and is
+  gathered inside, so its gradient is reduce-scattered back to the param's
+  split (module docstring); any other head (q's) enters whole, P().
+  """
+  n, d, _ = check_hidden_w(args[0], args[1])
+  if n % sharding.n_row_shards:
+    raise ValueError(f"rows N={n} are not divisible by the row mesh axes {sharding.row_axes} "
+                     f"(size {sharding.n_row_shards}): pad them to a multiple, masked (VocabOps does)")
+  # Not the vocabulary axis (size 1 here) in the heads' specs: what varies over it must be in out_specs.
+  specs = tuple(sharding.rows if i in rows else P(sharding.d_axis(d)) if i == 1 else P()
+                for i in range(len(args)))
+  opts = dict(impl=impl, tiles=tiles, interpret=interpret, **kw)
+
+  def body(*a):
+    a = a[:1] + (sharding.whole_d(a[1], d),) + a[2:]
+    if mask_N is None:
+      return op(*a, **opts)
+    return op(*a[:-1], mask_N=a[-1], **opts)
+
+  if mask_N is not None:
+    args, specs = args + (mask_N,), specs + (sharding.rows,)
+  return sharding.map(body, specs, sharding.rows, impl, interpret)(*args)
 
 
 def vocab_cross_topk_sharded(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *, tail: str, sharding: VocabSharding,
@@ -296,17 +368,22 @@ def vocab_cross_topk_sharded(hidden_ND, w_DV, q_ids_NK, q_logp_NK, *, tail: str,
 
 @dataclasses.dataclass(frozen=True)
 class VocabOps:
-  """The five ops with one implementation choice and, optionally, a vocabulary split.
+  """The five ops with one implementation choice and, optionally, a mesh to run them on.
 
   Each method takes the op's own arguments (less ``impl`` / ``interpret`` /
   ``tiles``). With ``sharding`` set and its vocabulary axis larger than 1,
-  every call runs the sharded op above, so no device gathers the whole head:
-  rows that do not divide over the row axes are padded to a multiple (copies
-  of the last row, masked: their outputs are 0 and cut off, so the values and
-  gradients are those of the given rows), and a vocabulary that does not
-  divide over the vocabulary axis is an error naming both. Without a
-  sharding, or with a vocabulary axis of size 1 (the head is then whole on
-  every device anyway), the plain op runs.
+  every call runs the sharded op above, so no device gathers the whole head;
+  a vocabulary that does not divide over the vocabulary axis is an error
+  naming both. With a vocabulary axis of size 1 (the head is then whole on
+  every device anyway) and ``impl`` resolving to a Pallas kernel
+  (``resolve_impl``: "pallas_mosaic" or "pallas_triton") on a mesh of more
+  than one device, every call runs the plain op per row shard
+  (``rows_sharded``): a kernel is a custom call XLA cannot split. In both
+  cases rows that do not divide over the row axes are padded to a multiple
+  (copies of the last row, masked: their outputs are 0 and cut off, so the
+  values and gradients are those of the given rows). Otherwise (no sharding,
+  one device, or the XLA paths, which XLA partitions itself) the plain op
+  runs.
   """
 
   impl: str = "auto"
@@ -317,11 +394,21 @@ class VocabOps:
   def _opts(self) -> dict:
     return dict(impl=self.impl, interpret=self.interpret, tiles=self.tiles)
 
+  def _mode(self) -> str:
+    """The path: "vocab" (the sharded ops), "rows" (the plain op per row shard) or "plain" (class docstring)."""
+    if self.sharding is None:
+      return "plain"
+    if self.sharding.n_shards > 1:
+      return "vocab"
+    kernel = resolve_impl(self.impl, self.interpret)[0] in ("pallas_mosaic", "pallas_triton")
+    return "rows" if kernel and self.sharding.mesh.size > 1 else "plain"
+
   def _run(self, plain, sharded, args: tuple, rows: tuple[int, ...], kw: dict):
-    """``plain(*args, **kw)``, or ``sharded`` on the rows padded to a multiple of
-    the row shards. args: the op's positional arrays (hidden_ND, w_DV, ...);
-    rows: the positions in args of those with a row axis."""
-    if self.sharding is None or self.sharding.n_shards == 1:
+    """``plain(*args, **kw)``, or ``sharded`` / ``rows_sharded(plain)`` on the rows padded
+    to a multiple of the row shards (``_mode``). args: the op's positional arrays
+    (hidden_ND, w_DV, ...); rows: the positions in args of those with a row axis."""
+    path = self._mode()
+    if path == "plain":
       return plain(*args, **kw, **self._opts())
     n, _, _ = check_hidden_w(args[0], args[1])
     mask_N = check_mask(kw.get("mask_N"), n)
@@ -332,7 +419,12 @@ class VocabOps:
       pad = lambda x, **mode: jnp.pad(x, [(0, n_pad - n)] + [(0, 0)] * (x.ndim - 1), **mode)
       args = tuple(pad(x, mode="edge") if i in rows else x for i, x in enumerate(args))
       kw = {**kw, "mask_N": pad(_mask_or_ones(mask_N, n), constant_values=False)}
-    out = sharded(*args, sharding=self.sharding, **kw, **self._opts())
+    if path == "vocab":
+      out = sharded(*args, sharding=self.sharding, **kw, **self._opts())
+    else:
+      kw = dict(kw)
+      out = rows_sharded(plain, args, rows, kw.pop("mask_N", None), sharding=self.sharding, **kw,
+                         **self._opts())
     return out if n_pad == n else jax.tree.map(lambda x: x[:n], out)
 
   def token_logprobs(self, hidden_ND, w_DV, targets_N, **kw) -> TokenLogprobs:

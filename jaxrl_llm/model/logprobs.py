@@ -40,30 +40,35 @@ def _naive(hidden_ND, w_DV, targets_N, temperature):
 
 def vocab_sharding():
   """How the mesh in context (`jax.sharding.use_abstract_mesh` or `jax.set_mesh`;
-  the trainer sets it around its steps) splits the output head: its columns over the mesh axis of the logical
-  "vocab" axis, the rows (tokens) over the batch axes. None without a mesh, or
-  when that axis has size 1 (the head is then whole on every device anyway)."""
+  the trainer sets it around its steps) splits the output head and the rows: the head's columns over the
+  mesh axis of the logical "vocab" axis, the rows (tokens) over the batch axes. None without a mesh.
+  `kernels.VocabOps` runs the plain op where the vocabulary axis has size 1, except the Pallas kernels
+  on more than one device, which it runs per row shard (XLA cannot partition a kernel)."""
   from jaxrl_llm.kernels import VocabSharding
   from jaxrl_llm.model.sharding import BATCH_AXES, LOGICAL_RULES
 
   mesh = jax.sharding.get_abstract_mesh()
   axis = LOGICAL_RULES["vocab"]
-  if mesh.empty or axis not in mesh.axis_names or mesh.shape[axis] == 1:
+  if mesh.empty or axis not in mesh.axis_names:
     return None
-  return VocabSharding(mesh, vocab_axis=axis, row_axes=tuple(a for a in BATCH_AXES if a in mesh.axis_names))
+  embed = LOGICAL_RULES["embed"]  # the policy head's D rows (fsdp): gathered inside the ops' shard_map
+  return VocabSharding(mesh, vocab_axis=axis, row_axes=tuple(a for a in BATCH_AXES if a in mesh.axis_names),
+                       embed_axis=embed if embed in mesh.axis_names else None)
 
 
 def vocab_ops(impl: str):
-  """The `jaxrl_llm.kernels` ops for `kernels.impl` (a `kernels.VocabOps`), split
-  over the vocabulary when the mesh in context shards it (`vocab_sharding`).
+  """The `jaxrl_llm.kernels` ops for `kernels.impl` (a `kernels.VocabOps`) on the mesh in context
+  (`vocab_sharding`): split over the vocabulary when the mesh shards it.
 
-  The Pallas kernels compile for GPU (Triton) and TPU (Mosaic); elsewhere
-  `impl="pallas"` runs the Triton ones in interpret mode (slow: for tests of
-  the kernels inside the trainer).
+  The Pallas kernels compile for GPU (Triton) and TPU (Mosaic), the platform of the mesh's devices
+  (`kernels.target`: a compile for a TPU topology from a CPU machine gets the Mosaic kernels); on a CPU
+  target `impl="pallas"` runs the Triton ones in interpret mode (slow: for tests of the kernels inside
+  the trainer).
   """
   from jaxrl_llm.kernels import VocabOps
+  from jaxrl_llm.kernels.target import target_platform
 
-  return VocabOps(impl=impl, interpret=impl == "pallas" and jax.default_backend() not in ("gpu", "tpu"),
+  return VocabOps(impl=impl, interpret=impl == "pallas" and target_platform() not in ("gpu", "tpu"),
                   sharding=vocab_sharding())
 
 

@@ -123,3 +123,62 @@ def test_tile_fields_are_validated():
     VocabTiles(tpu_vmem_bytes=1000)
   with pytest.raises(TypeError, match=r"VocabTiles.tpu_block_n must be an int"):
     VocabTiles(tpu_block_n=8.0)
+
+
+# device_kind -> the ChipVersion jax's hardware table knows it as.
+CHIPS = {"TPU v4": "v4", "TPU v4 lite": "v4i", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
+         "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "TPU7": "7", "TPU7x": "7x"}
+
+
+def test_vmem_table_is_jax_s():
+  """target.TPU_VMEM_BYTES equals jax's per-core VMEM (pltpu.get_tpu_info_for_chip, the source of
+  docs.jax.dev's TPU hardware reference) for every device kind it lists."""
+  from jax.experimental.pallas import tpu as pltpu
+  from jaxrl_llm.kernels import target
+
+  assert set(target.TPU_VMEM_BYTES) == set(CHIPS)
+  for kind, chip in CHIPS.items():
+    info = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion(chip), 1)
+    assert target.TPU_VMEM_BYTES[kind] == info.vmem_capacity_bytes, kind
+
+
+@pytest.mark.parametrize("kind,budget_mib,limit_mib", [
+    ("TPU v4", 12, 16),  # 3/4 of 16 MiB; the limit is all of it
+    ("TPU v5 lite", 32, 64), ("TPU v5", 32, 64), ("TPU v6 lite", 32, 64), ("TPU7x", 32, 64),
+    ("cpu", 32, 40),  # the interpreter: the budget and limit of before
+    ("TPU v99", 32, 40),  # a chip the table does not know
+])
+def test_default_budget_per_generation(kind, budget_mib, limit_mib):
+  assert budget.budget_and_limit(VocabTiles(), kind) == (budget_mib * MIB, limit_mib * MIB)
+  # An explicit budget overrides the chip's; the limit stays within its VMEM.
+  assert budget.budget_and_limit(VocabTiles(tpu_vmem_bytes=8 * MIB), kind)[0] == 8 * MIB
+  assert budget.budget_and_limit(VocabTiles(tpu_vmem_bytes=100 * MIB), "TPU v4") == (100 * MIB, 16 * MIB)
+  ops = _operands(1, 576, 2, "fwd")
+  plan = budget.plan("fwd", 8192, 262_144, ops, VocabTiles(), kind)
+  assert plan.vmem_bytes <= budget_mib * MIB and plan.vmem_limit_bytes == limit_mib * MIB
+
+
+def test_v4_tiles_are_smaller_and_the_error_names_the_chip():
+  # token_logprobs' forward, bf16, D = 576: 512 x 512 in 12 MiB (9.9 MiB by the formula) on v4,
+  # 512 x 2048 in 32 MiB (25.25 MiB, the README's table) elsewhere.
+  ops = _operands(1, 576, 2, "fwd")
+  tiles = {kind: budget.plan("fwd", 8192, 262_144, ops, VocabTiles(), kind) for kind in ("TPU v4", "TPU v5")}
+  assert {k: (p.block_n, p.block_v) for k, p in tiles.items()} == {"TPU v4": (512, 512), "TPU v5": (512, 2048)}
+  with pytest.raises(ValueError, match=r"TPU dw kernel needs 17.3 MiB of VMEM .* over the default for device "
+                                       r"kind 'TPU v4': tpu_vmem_bytes=12582912 \(12.0 MiB\): raise "
+                                       r"VocabTiles.tpu_vmem_bytes \(up to 16 MiB, this chip's VMEM per core\)"):
+    budget.plan("dw", 8192, 262_144, _operands(2, 8192, 2, "dw"), VocabTiles(), "TPU v4")
+
+
+def test_the_plan_reads_the_chip_of_the_mesh_in_context():
+  """Without a device_kind the plan asks target.target_device_kind: the mesh in context's chip, else
+  the default device (CPU here: the interpreter's 32 MiB)."""
+  import jax
+  from jax.sharding import AbstractDevice, AbstractMesh
+
+  ops = _operands(1, 576, 2, "fwd")
+  assert budget.plan("fwd", 8192, 262_144, ops, VocabTiles()).vmem_limit_bytes == 40 * MIB
+  v4 = AbstractMesh((4,), ("data",), abstract_device=AbstractDevice(device_kind="TPU v4", num_cores=1,
+                                                                      platform="tpu"))
+  with jax.sharding.use_abstract_mesh(v4):
+    assert budget.plan("fwd", 8192, 262_144, ops, VocabTiles()).vmem_limit_bytes == 16 * MIB

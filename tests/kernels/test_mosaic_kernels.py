@@ -143,6 +143,7 @@ def _check(op, dtype, outs, grads, ref, q_args):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
                          ids=["f32", "bf16"])
+@pytest.mark.slow
 @pytest.mark.parametrize("op", list(OPS))
 def test_forward_and_grad_match_reference(op, dtype):
   args, call, q_args = _problem(op, dtype)
@@ -174,6 +175,7 @@ REAL = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op,v", REAL)
 def test_real_vocabulary_sizes(op, v):
   n, d = 12, 32
@@ -185,6 +187,7 @@ def test_real_vocabulary_sizes(op, v):
          q_args)
 
 
+@pytest.mark.slow
 def test_per_device_inside_shard_map():
   """The kernels run per device: rows over two devices, w replicated (d w
   summed over the devices by the custom_vjp), same as one device."""
@@ -214,6 +217,7 @@ def _races():
   return interpret_pallas_call.races
 
 
+@pytest.mark.slow
 def test_no_race_between_cores(capsys):
   """Two simulated TensorCores share the parallel axis (rows in the forward
   and d hidden, vocabulary in d w), in a random order: no race, and the

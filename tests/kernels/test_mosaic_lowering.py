@@ -58,6 +58,30 @@ def test_resolve_impl_on_tpu_and_gpu(backend):
   assert resolve_impl("pallas", False) == ("pallas_triton", False)
 
 
+def test_resolve_impl_follows_the_mesh_in_context():
+  """The target is the platform of the mesh in context's devices, not jax.default_backend(): an
+  abstract mesh of TPU devices (as a topology's give, tests/kernels/test_tpu_compile.py) picks the
+  Mosaic kernels on this CPU, one of GPU devices the Triton kernels; a mesh that names no device
+  falls back to the default backend. interpret= keeps its meaning under any target."""
+  from jax.sharding import AbstractDevice, AbstractMesh
+
+  def mesh(platform, kind):
+    return AbstractMesh((4,), ("data",), abstract_device=AbstractDevice(device_kind=kind, num_cores=1,
+                                                                        platform=platform))
+
+  params = pltpu.InterpretParams()
+  with jax.sharding.use_abstract_mesh(mesh("tpu", "TPU v5 lite")):
+    assert resolve_impl("auto", None) == ("pallas_mosaic", False)
+    assert resolve_impl("pallas", True) == ("pallas_triton", True)
+    assert resolve_impl("pallas", params) == ("pallas_mosaic", params)
+  with jax.sharding.use_abstract_mesh(mesh("gpu", "NVIDIA H100")):
+    assert resolve_impl("auto", None) == ("pallas_triton", False)
+  with jax.sharding.use_abstract_mesh(mesh("cpu", "cpu")):
+    assert resolve_impl("auto", None) == ("xla_chunked", False)
+  with jax.sharding.use_abstract_mesh(AbstractMesh((4,), ("data",))):
+    assert resolve_impl("auto", None) == ("xla_chunked", False)
+
+
 def _ops(n, d, v, dtype):
   """name -> (loss(h, w) through the op with impl="auto")."""
   t_N = jnp.zeros((n,), jnp.int32)
@@ -99,6 +123,7 @@ SHAPES = [pytest.param(576, 49_152, id="D576-V49152"),
           pytest.param(8192, 262_144, id="D8192-V262144")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d,v", SHAPES)
 @pytest.mark.parametrize("op", list(_ops(8, 8, 8, jnp.float32)))
 def test_every_op_lowers_to_three_mosaic_kernels(op, d, v, backend):

@@ -77,6 +77,7 @@ def _compare(got, want, dtype, what):
     assert_close(a, b, tol["grad"], f"{what} grad[{i}]")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kw", IMPLS)
 def test_token_and_gather_logprobs(sharding, kw, dtype):
@@ -91,6 +92,7 @@ def test_token_and_gather_logprobs(sharding, kw, dtype):
     _compare(got, want, dtype, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", IMPLS)
 def test_vocab_topk(sharding, kw):
   h, w, *_, mask = _inputs(jnp.float32, seed=1)
@@ -104,6 +106,7 @@ def test_vocab_topk(sharding, kw):
   assert len(np.unique(owners[np.asarray(mask)])) == sharding.n_shards
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kw", IMPLS)
 def test_vocab_cross(sharding, kw, dtype):
@@ -157,6 +160,7 @@ def test_vocab_topk_wider_than_a_shard(sharding):
   _compare(got, want, jnp.float32, "vocab_topk k > V / shards")
 
 
+@pytest.mark.slow
 def test_vocab_ops_dispatch(sharding):
   """Every VocabOps method runs the split op, also on rows that do not divide over the row axes
   (padded, masked, cut off), with the plain op's values and gradients."""
@@ -195,3 +199,75 @@ def test_vocab_ops_on_a_vocabulary_axis_of_one_run_the_plain_op():
   ops = kernels.VocabOps(impl="xla_chunked", tiles=TILES,
                          sharding=VocabSharding(make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))))
   assert "shard_map" not in str(jax.make_jaxpr(lambda a: ops.token_logprobs(a, w, targets[:N - 1]))(h[:N - 1]))
+
+
+KERNELS = [pytest.param(dict(impl="pallas", interpret=True, tiles=TILES), id="triton_interpret"),
+           pytest.param(dict(impl="pallas", interpret=pltpu.InterpretParams(uninitialized_memory="nan"), tiles=TILES),
+                        id="mosaic_interpret")]
+
+
+@pytest.mark.slow  # 10-30 s: the kernels interpreted, 4 ops, forward and gradient
+@pytest.mark.parametrize("mesh_cfg,kw", [
+    pytest.param(MeshConfig(data=8, fsdp=1, tensor=1), KERNELS[0].values[0], id="data8-triton_interpret"),
+    pytest.param(MeshConfig(data=2, fsdp=4, tensor=1), KERNELS[1].values[0], id="data2-fsdp4-mosaic_interpret")])
+def test_vocab_ops_run_the_kernels_per_row_shard(mesh_cfg, kw):
+  """tensor = 1 with a Pallas kernel: the plain op per row shard inside shard_map (a kernel is a custom
+  call XLA cannot split), the head whole inside (split along D over fsdp outside, as the policy's is),
+  rows that do not divide padded. Values and gradients are the plain op's on one device."""
+  mesh = make_mesh(mesh_cfg)
+  sharding = VocabSharding(mesh, embed_axis="fsdp")
+  h, w, hq, wq, targets, ids, mask = _inputs(jnp.float32, seed=6)
+  w_split = jax.device_put(w, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp", None)))
+  rows_ops, plain = kernels.VocabOps(sharding=sharding, **kw), kernels.VocabOps(**kw)
+  assert rows_ops._mode() == "rows"  # pylint: disable=protected-access
+  q = kernels.vocab_topk_reference(hq, wq, k=K)
+  calls = {
+      "token_logprobs": lambda ops, h, w, m: ops.token_logprobs(h, w, targets[:h.shape[0]], temperature=0.8,
+                                                                mask_N=m),
+      "vocab_topk": lambda ops, h, w, m: ops.vocab_topk(h, w, k=K, mask_N=m),
+      "vocab_cross": lambda ops, h, w, m: ops.vocab_cross(h, w, hq[:h.shape[0]], wq, mask_N=m),
+      "vocab_cross_topk": lambda ops, h, w, m: ops.vocab_cross_topk(h, w, q.ids[:h.shape[0]], q.logp[:h.shape[0]],
+                                                                    tail="rescale", mask_N=m),
+  }
+  for name, call in calls.items():
+    # 21 rows do not divide over 8 row shards: padded to 24; the unpadded, unmasked call once.
+    for rows, m in ((N, None), (N - 3, mask[:N - 3]))[0 if name == "token_logprobs" else 1:]:
+      jaxpr = str(jax.make_jaxpr(lambda a, b: call(rows_ops, a, b, m))(h[:rows], w_split))
+      assert "shard_map" in jaxpr and ("all_gather" in jaxpr) == (mesh_cfg.fsdp > 1), name
+      got = _grads(lambda a, b: call(rows_ops, a, b, m), (0, 1), h[:rows], w_split)
+      want = _grads(lambda a, b: call(plain, a, b, m), (0, 1), h[:rows], w)
+      _compare(got, want, jnp.float32, f"{name} rows={rows}")
+
+
+def test_vocab_ops_keep_the_plain_op_where_xla_partitions_it():
+  """The XLA paths (and any op on one device) stay the plain op: XLA partitions them itself. This is
+  the CPU default (impl auto -> xla_chunked on a data-only mesh): the same program as before."""
+  h, w, _, _, targets, *_ = _inputs(jnp.float32)
+  data8 = VocabSharding(make_mesh(MeshConfig(data=8, fsdp=1, tensor=1)), embed_axis="fsdp")
+  one = VocabSharding(make_mesh(MeshConfig(data=1, fsdp=1, tensor=1), devices=jax.devices()[:1]))
+  for ops in (kernels.VocabOps(impl="auto", sharding=data8), kernels.VocabOps(impl="xla_chunked", sharding=data8),
+              kernels.VocabOps(impl="pallas", interpret=True, sharding=one)):
+    assert ops._mode() == "plain"  # pylint: disable=protected-access
+    assert "shard_map" not in str(jax.make_jaxpr(lambda a: ops.token_logprobs(a, w, targets))(h))
+
+
+@pytest.mark.slow  # about 10 s with the Mosaic kernels interpreted
+@pytest.mark.parametrize("kw", [pytest.param(dict(impl="xla_chunked", tiles=TILES), id="xla_chunked"),
+                                KERNELS[1]])
+def test_vocabulary_split_with_the_head_split_along_d(kw):
+  """fsdp 2 x tensor 4 with embed_axis: the head enters P(fsdp, tensor) and is gathered along D inside
+  (its gradient leaves reduce-scattered over fsdp); values and gradients are the reference's."""
+  mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=4))
+  sharding = VocabSharding(mesh, embed_axis="fsdp")
+  assert sharding.trainable_head(D) == jax.sharding.PartitionSpec("fsdp", "tensor")
+  assert sharding.trainable_head(D + 1) == sharding.head  # D that fsdp does not divide: whole along D
+  h, w, hq, wq, targets, _, mask = _inputs(jnp.float32, seed=7)
+  ws = jax.device_put(w, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp", "tensor")))
+  got = _grads(lambda a, b: token_logprobs_sharded(a, b, targets, sharding=sharding, temperature=0.7, mask_N=mask,
+                                                   **kw), (0, 1), h, ws)
+  want = _grads(lambda a, b: kernels.token_logprobs_reference(a, b, targets, temperature=0.7, mask_N=mask), (0, 1),
+                h, w)
+  _compare(got, want, jnp.float32, "token_logprobs")
+  got = _grads(lambda a, b: vocab_cross_sharded(a, b, hq, wq, sharding=sharding, mask_N=mask, **kw), (0, 1), h, ws)
+  want = _grads(lambda a, b: kernels.vocab_cross_reference(a, b, hq, wq, mask_N=mask), (0, 1), h, w)
+  _compare(got, want, jnp.float32, "vocab_cross")

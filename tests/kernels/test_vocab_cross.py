@@ -43,6 +43,7 @@ def _reference(dtype):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
                          ids=["f32", "bf16"])
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", IMPLS)
 def test_forward_and_grad_match_reference(kw, dtype):
   hidden_ND, w_DV = random_inputs(20, dtype)

@@ -48,6 +48,7 @@ def _reference(tail, dtype):
                          ragged_mask())(hidden_ND, w_DV)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw,tail,dtype", CASES)
 def test_forward_and_grad_match_reference(kw, tail, dtype):
   hidden_ND, w_DV = random_inputs(30, dtype)
