@@ -30,7 +30,7 @@ this table), and the TPU compiler itself: libtpu 0.0.42.1, compiling a kernel
 with a too-large VMEM scratch for ``v4:2x2x1``, ``v5e:2x2``, ``v5p:2x2x1``,
 ``v6e:2x2`` and ``TPU7x:2x2x1`` topologies, refuses with "Allocation ...
 would exceed memory (size=16777216 / 134217728 / 67108864 / 134217728 /
-67108864)" (2026-12-05). v5p's 64 MiB is per TensorCore: its two cores act as
+67108864)" (2026-12-04). v5p's 64 MiB is per TensorCore: its two cores act as
 one device (``num_cores=2``), and a "parallel" grid axis splits a kernel's
 blocks between them, each with its own VMEM.
 """
