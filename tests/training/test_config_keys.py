@@ -20,21 +20,7 @@ from jaxrl_llm.objectives import ObjectiveConfig
 from jaxrl_llm.sampling.config import ServerConfig
 from jaxrl_llm.training import defaults
 from jaxrl_llm.training.config import SECTIONS, RunConfig
-
-# Keys declared twice before this test existed, in files other changes own: each is a literal of
-# defaults.py and the same default of its section's dataclass field. Remove a key here when that
-# field loses its default; the test fails while an entry is no longer a duplicate.
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
+from jaxrl_llm.training.provenance import flatten as _flat
 
 def _key(target) -> str | None:
   """`c.a.b` / `c.a["b"]` -> "a.b"; None for anything that is not a path from `c`."""
