@@ -137,7 +137,10 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
   # The restore target: the params' shapes and shardings (as the trainer initialises them, same key).
   k_model = jax.random.split(jax.random.key(cfg.seed), 3)[0]
   model_cfg, target = setup.make_model(data.cfg, data.tokenizer, data.mesh, k_model)
-  evaluator = data.evaluator(model_cfg, runner)
+  from jaxrl_llm.training.episodes import episode_player  # pylint: disable=import-outside-toplevel
+
+  episodes = episode_player(data.cfg, data.task, data.tokenizer)  # a run with an environment: its episodes
+  evaluator = data.evaluator(model_cfg, runner, episodes)
   mngr = CheckpointManager(checkpoint_dir(workdir), model_config=model_cfg, read_only=True)
   if data_path:
     from jaxrl_llm.tasks.files import load_examples  # pylint: disable=import-outside-toplevel
@@ -156,6 +159,8 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
     out[found] = summarize(EvalOutcomes(correct, reward, length, truncated, sampled), ks)
     log(f"step {found}: " + ", ".join(f"{k} {v:.4g}" for k, v in out[found].items()))
   runner.close()
+  if episodes is not None:
+    episodes.close()
   return out
 
 

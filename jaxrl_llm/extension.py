@@ -14,6 +14,11 @@ given at fixed points, in order:
                                     fn(LossContext) -> WeightedSum, static
     aux(state) -> {name: array}     the update's inputs without a batch axis
                                     (an output head), read once per step
+    score_rewards(state, samples, scores) -> (scores, metrics)
+                                    after the verifier scored a round of
+                                    samples, before the filters: new rewards
+                                    (a reward model's), diagnostics (the
+                                    step logs the first round's)
     rewrite_batch(state, samples, scores, adv_BR, mask_BR)
         -> (adv_BR, extra_BR, metrics)
                                     after the advantages: new advantages,
@@ -84,6 +89,10 @@ class Extension:
   def aux(self, state) -> dict:
     del state
     return {}
+
+  def score_rewards(self, state, samples, scores):
+    del state, samples
+    return scores, {}
 
   def rewrite_batch(self, state, samples, scores, adv_BR, mask_BR):
     del state, samples, scores, mask_BR

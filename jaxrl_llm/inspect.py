@@ -13,6 +13,8 @@ JS are inline and the step's data is embedded as compact JSON
 * a tooltip per token with every factor the loss used for it (the dump's
   values), the teacher's signals and gates, and why it was masked or clipped;
 * masked or clipped tokens marked, tokens outside the loss greyed, with the reason;
+* for multi-turn episodes (an `env` run), the environment's tokens (tool results) in a grey
+  box, uncoloured: context for the later turns, weight zero; and why each episode ended;
 * per-sequence summaries (reward, advantage, c_i, length, finish reason);
 * filters by group and reward, paging, and histograms of r, c and W;
 * a pass selector when the step took several passes (train.epochs).

@@ -78,12 +78,38 @@ def _check_rows(rows_flat, n: int):
                        f"take (N, k) arrays with N={n}")
 
 
-def _params(semantics, plan, interpret):
+def _params(semantics, plan, interpret, cost=None):
   return dict(
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=semantics,
           vmem_limit_bytes=plan.vmem_limit_bytes),
-      interpret=interpret if interpret else False)
+      interpret=interpret if interpret else False,
+      cost_estimate=cost)
+
+
+def _cost(kind: str, sources, rows_flat, plan, out_bytes: int) -> pl.CostEstimate:
+  """The kernel's own FLOPs, exponentials and HBM bytes, which XLA's cost analysis cannot see
+  inside a custom call (jaxrl_llm/tpu reads them from the compiled program).
+
+  Every kernel computes the logit tiles of every source (2 N D_s V FLOPs) and one exponential per
+  logit and source; d hidden and d w add one matmul of the first source's size. Bytes: the operand
+  that a block of the outer grid axis holds is read once, the other once per outer block (w once
+  per row block in the forward and d hidden, hidden once per vocabulary block in d w), the per-row
+  inputs once per outer block of d w, and the output written once.
+  """
+  n, v = sources[0][0].shape[0], sources[0][1].shape[1]
+  flops = sum(2 * n * h.shape[1] * v for h, _, _ in sources)
+  if kind != "fwd":
+    flops += 2 * n * sources[0][0].shape[1] * v
+  row_bytes = sum(r.size * r.dtype.itemsize for r in rows_flat)
+  h_bytes = sum(h.size * h.dtype.itemsize for h, _, _ in sources)
+  w_bytes = sum(w.size * w.dtype.itemsize for _, w, _ in sources)
+  if kind == "dw":
+    bytes_accessed = pl.cdiv(v, plan.block_v) * (h_bytes + row_bytes) + w_bytes
+  else:
+    bytes_accessed = h_bytes + pl.cdiv(n, plan.block_n) * w_bytes + row_bytes
+  return pl.CostEstimate(flops=int(flops), transcendentals=int(n * v * len(sources)),
+                         bytes_accessed=int(bytes_accessed + out_bytes))
 
 
 def _tile(h_vals, w_vals, temps, j, bv: int, v: int) -> Tile:
@@ -177,7 +203,9 @@ def forward(sources, step_fn, init_fn, rows, *, tiles: VocabTiles,
       out_shape=[out_struct((n, c.shape[1]), c.dtype, inputs)
                  for c in carry_flat],
       name="vocab_stream_fwd_tpu",
-      **_params(("parallel", "arbitrary"), plan, interpret),
+      **_params(("parallel", "arbitrary"), plan, interpret,
+                _cost("fwd", sources, rows_flat, plan,
+                      sum(n * c.shape[1] * c.dtype.itemsize for c in carry_flat))),
   )(*inputs)
   return jax.tree.unflatten(carry_tree, out)
 
@@ -244,7 +272,8 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret):
           scratch_shapes=[pltpu.VMEM((bn, h0.shape[1]), jnp.float32)]),
       out_shape=out_struct(h0.shape, h0.dtype, inputs),
       name="vocab_stream_bwd_dh_tpu",
-      **_params(("parallel", "arbitrary"), dh_plan, interpret),
+      **_params(("parallel", "arbitrary"), dh_plan, interpret,
+                _cost("dh", sources, rows_flat, dh_plan, h0.size * h0.dtype.itemsize)),
   )(*inputs)
 
   # d w: vocabulary parallel, rows sequential.
@@ -283,6 +312,7 @@ def backward(sources, dz_fn, rows, *, tiles: VocabTiles, interpret):
           scratch_shapes=[pltpu.VMEM((w0.shape[0], bv), jnp.float32)]),
       out_shape=out_struct(w0.shape, w0.dtype, inputs),
       name="vocab_stream_bwd_dw_tpu",
-      **_params(("parallel", "arbitrary"), dw_plan, interpret),
+      **_params(("parallel", "arbitrary"), dw_plan, interpret,
+                _cost("dw", sources, rows_flat, dw_plan, w0.size * w0.dtype.itemsize)),
   )(*inputs)
   return reduce_like(dh, h0), reduce_like(dw, w0)

@@ -1,11 +1,11 @@
 """The package's layout rules, read from the source (docs/architecture.md states them).
 
 * no import cycle between modules (imports inside functions count too);
-* the layers: objectives/ imports nothing else of the package; model/,
-  sampling/, tasks/, kernels/, checkpointing/ and teacher/ never import
-  training/; rundir/ imports nothing else of the package, and lab/ only
-  checks, cli and rundir; only training/loop.py and the entry points name
-  the Trainer;
+* the layers: objectives/ imports nothing else of the package; envs/
+  imports only tasks/ and checks; model/, sampling/, tasks/, envs/,
+  kernels/, checkpointing/ and teacher/ never import training/; rundir/
+  imports nothing else of the package, and lab/ only checks, cli and
+  rundir; only training/loop.py and the entry points name the Trainer;
 * the entry points (`python -m jaxrl_llm.<name>`, listed below) sit on top:
   no module imports one;
 * one name per concept: no public class, function or constant is defined in
@@ -20,8 +20,9 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every module with an `if __name__ == "__main__":` block (test_entry_points_are_listed).
-ENTRY_POINTS = ("jaxrl_llm.train", "jaxrl_llm.evaluate", "jaxrl_llm.report", "jaxrl_llm.convert",
-                "jaxrl_llm.inspect", "jaxrl_llm.objectives.__main__", "jaxrl_llm.lab.__main__")
+ENTRY_POINTS = ("jaxrl_llm.train", "jaxrl_llm.compile", "jaxrl_llm.evaluate", "jaxrl_llm.report", "jaxrl_llm.convert",
+                "jaxrl_llm.inspect", "jaxrl_llm.objectives.__main__", "jaxrl_llm.lab.__main__",
+                "jaxrl_llm.reward_model.__main__")
 
 
 def _modules() -> dict[str, str]:
@@ -107,6 +108,7 @@ def test_no_import_cycle():
     ("jaxrl_llm.model", ("jaxrl_llm.model", "jaxrl_llm.kernels", "jaxrl_llm.checks")),
     ("jaxrl_llm.sampling", ("jaxrl_llm.sampling", "jaxrl_llm.model", "jaxrl_llm.kernels", "jaxrl_llm.checks")),
     ("jaxrl_llm.tasks", ("jaxrl_llm.tasks", "jaxrl_llm.checks", "jaxrl_llm.faults")),
+    ("jaxrl_llm.envs", ("jaxrl_llm.envs", "jaxrl_llm.tasks", "jaxrl_llm.checks")),
     ("jaxrl_llm.rundir", ("jaxrl_llm.rundir",)),
     ("jaxrl_llm.lab", ("jaxrl_llm.lab", "jaxrl_llm.checks", "jaxrl_llm.cli", "jaxrl_llm.rundir")),
 ])
@@ -132,9 +134,21 @@ def test_no_module_imports_an_entry_point():
   assert not {m: d for m, d in users.items() if d}
 
 
+# Above training, like an entry point: tpu/ builds the trainer's own programs to compile them for a TPU
+# topology (python -m jaxrl_llm.compile), and only entry points import it.
+ABOVE_TRAINING = ("jaxrl_llm.tpu",)
+
+
 def test_nothing_outside_training_imports_it():
   users = {m: sorted(d for d in deps if d.startswith("jaxrl_llm.training"))
-           for m, deps in GRAPH.items() if not m.startswith("jaxrl_llm.training") and m not in ENTRY_POINTS}
+           for m, deps in GRAPH.items() if not m.startswith(("jaxrl_llm.training",) + ABOVE_TRAINING)
+           and m not in ENTRY_POINTS}
+  assert not {m: d for m, d in users.items() if d}
+
+
+def test_only_entry_points_import_what_sits_above_training():
+  users = {m: sorted(d for d in deps if d.startswith(ABOVE_TRAINING))
+           for m, deps in GRAPH.items() if not m.startswith(ABOVE_TRAINING) and m not in ENTRY_POINTS}
   assert not {m: d for m, d in users.items() if d}
 
 

@@ -36,12 +36,14 @@ SOURCES = {"jaxrl_llm": "jaxrl_llm", "kernels": "jaxrl_llm/kernels"}
 # block and every package with a __main__.py (test_every_entry_point_is_listed).
 ENTRY_POINTS = {
     "jaxrl_llm.train": "--config",
+    "jaxrl_llm.compile": "--topology",
     "jaxrl_llm.evaluate": "--workdir",
     "jaxrl_llm.report": "--workdir",
     "jaxrl_llm.inspect": "--step",
     "jaxrl_llm.convert": "--debug",
     "jaxrl_llm.lab": "--methods",
     "jaxrl_llm.objectives": "--help",  # no flags of its own
+    "jaxrl_llm.reward_model": "--config",
 }
 # Files the package reads at run time, besides its modules.
 DATA_FILES = ("jaxrl_llm/rundir/inspect_page.html",)

@@ -172,6 +172,13 @@ class CheckpointManager:
     return dict(self._mngr.restore(
         step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
 
+  def saved_keys(self, step: int) -> list[str]:
+    """The top-level fields of step `step`'s saved state, read from its metadata (no arrays)."""
+    self._require_step(step)
+    tree = self._mngr.item_metadata(step)["state"]
+    tree = getattr(tree, "tree", tree)
+    return sorted(tree) if isinstance(tree, dict) else []
+
   def restore(self, target: PyTree, step: int | None = None) -> Restored:
     """Restores `step`, or the newest intact step when step is None.
 

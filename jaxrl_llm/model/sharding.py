@@ -82,9 +82,18 @@ def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:
     raise ConfigError(
         f"MeshConfig data*fsdp*tensor = {mesh_cfg.data}*{mesh_cfg.fsdp}*{mesh_cfg.tensor} = "
         f"{size} must equal the number of devices ({len(devices)})")
-  # jax.make_mesh orders devices for the physical topology (ICI rings on TPU).
-  return jax.make_mesh(mesh_cfg.shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                       devices=devices)
+  # jax.make_mesh orders devices for the physical topology (ICI rings on TPU). It maps each mesh axis
+  # onto whole physical axes, which not every shape allows: on a v5p 4x4x4 slice tensor = 2 splits a
+  # physical axis of 4 (found compiling for that topology, jaxrl_llm/compile.py); then the axes may
+  # split physical ones, as MaxText's meshes do.
+  axis_types = (AxisType.Auto,) * 3
+  try:
+    return jax.make_mesh(mesh_cfg.shape, MESH_AXES, axis_types=axis_types, devices=devices)
+  except NotImplementedError:
+    from jax.experimental import mesh_utils
+
+    grid = mesh_utils.create_device_mesh(mesh_cfg.shape, devices, allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def logical_to_spec(axes: tuple[str | None, ...]) -> P:
@@ -107,7 +116,7 @@ def check_divisible(cfg: ModelConfig, mesh: Mesh) -> None:
     axis = LOGICAL_RULES[logical]
     n = sizes[axis] if axis is not None else 1
     if value % n:
-      raise ValueError(
+      raise ConfigError(
           f"ModelConfig.{field}={value} is not divisible by the '{axis}' mesh axis of size {n} "
           f"(mesh {dict(sizes)})")
 
@@ -123,6 +132,44 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
   check_divisible(cfg, mesh)
   return jax.tree.map(lambda spec: NamedSharding(mesh, spec), partition_specs(cfg),
                       is_leaf=lambda x: isinstance(x, P))
+
+
+def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+  """`x` laid out by its logical `axes` (LOGICAL_RULES) over the mesh in context; a dim whose logical
+  axis is None, or whose mesh axes do not divide it, is left to the compiler. Without a mesh in
+  context, or on one device, `x` as is.
+
+  The activations need it: with the batch over data x fsdp and the weights split along D over fsdp,
+  XLA's propagation alone can leave the rows whole and split D instead, reducing [rows, T, F]
+  activations over fsdp at every matmul (compiled for Qwen3-8B on a v5p 4x4x4 slice, fsdp 32 x
+  tensor 2: a 3.7 GB all-reduce per MLP matmul, jaxrl_llm/compile.py's plan). Keeping the rows
+  split makes it gather each layer's weights instead, as FSDP means."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or math.prod(mesh.shape.values()) == 1:
+    return x
+  sizes = dict(mesh.shape)
+  spec = []
+  for dim, name in zip(x.shape, axes):
+    rule = LOGICAL_RULES[name] if name is not None else None
+    names = tuple(a for a in ((rule,) if isinstance(rule, str) else (rule or ())) if sizes.get(a, 1) > 1)
+    if names and dim % math.prod(sizes[a] for a in names) == 0:
+      spec.append(names if len(names) > 1 else names[0])
+    else:
+      spec.append(P.UNCONSTRAINED)
+  if all(s is P.UNCONSTRAINED for s in spec):
+    return x
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
+
+
+def sampler_param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
+  """The built-in sampler's copy of the params under rollout.sampler_sharding='tensor': split over
+  tensor as the trainer's, not over fsdp (each chip holds 1/tensor of every weight, so a decode step
+  reads its weights from its own HBM instead of all-gathering them)."""
+  check_divisible(cfg, mesh)
+  rules = {**LOGICAL_RULES, "embed": None}
+  spec = lambda axes: P(*(None if a is None else rules[a] for a in axes))  # noqa: E731
+  return jax.tree.map(lambda axes: NamedSharding(mesh, spec(axes)), param_axes(cfg),
+                      is_leaf=lambda x: isinstance(x, tuple))
 
 
 def init_sharded_params(cfg: ModelConfig, key: jax.Array, mesh: Mesh) -> dict:

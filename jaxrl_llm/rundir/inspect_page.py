@@ -10,7 +10,10 @@ network. `__DATA__` is `page_data`'s JSON: the per-token arrays as base64
 float32 / integer buffers over the sampled tokens only (a field constant over
 the step is one number), which the page's script decodes the first time it
 needs one; it renders only the sequences of the visible page, so a batch of
-512 responses of 1,000 tokens stays usable.
+512 responses of 1,000 tokens stays usable. A dump of multi-turn episodes
+carries `context_BR` (every response token, the environment's observations
+too): the buffers then run over those, `env` marks the environment's tokens,
+and the page shows them greyed, in no colour (they weigh zero in the loss).
 """
 
 from __future__ import annotations
@@ -108,7 +111,9 @@ def _per_pass(v_KBR: np.ndarray, sampled_BR: np.ndarray) -> list[dict]:
 
 def page_data(arrays: dict, info: dict) -> dict:
   """The JSON the page embeds (module docstring): sequences, flat per-token buffers, pieces, config."""
-  sampled = arrays["sampled_BR"].astype(bool)
+  policy = arrays["sampled_BR"].astype(bool)
+  # The tokens shown: the sampled ones, or an episode's every token (the environment's greyed).
+  sampled = arrays["context_BR"].astype(bool) if "context_BR" in arrays else policy
   B, R = sampled.shape
   lengths = sampled.sum(axis=1)
   offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
@@ -154,6 +159,8 @@ def page_data(arrays: dict, info: dict) -> dict:
               "dynamic sampling: a filler group without signal" if f else "" for o, f in zip(overlong, filler)],
       "prompt": info["prompts"], "answer": info["answers"], "tag": info["tags"],
   }
+  if "statuses" in info:  # episodes: why each ended (envs/base.py)
+    seq["status"] = info["statuses"]
   for ext in info.get("extensions", []):
     for name in ("routed_B", "has_teacher_B"):
       key = f"ext_{ext}__{name}"
@@ -169,9 +176,13 @@ def page_data(arrays: dict, info: dict) -> dict:
   log_c = "log_c_measured" if "log_c_measured" in present else "log_c"  # without a recompute: the loss's
   colours = [[name, log_c if name == "log c" else key] for name, key in COLOUR_CHOICES]
   colours = [c for c in colours if c[1] in present]
-  return {"meta": meta, "offsets": offsets.tolist(), "seq": seq, "tokens": _buffer(tokens),
-          "in_loss": _buffer(arrays["loss_mask_BR"][sampled]), "pieces": info["pieces"], "fields": fields,
-          "flags": flags, "colours": colours}
+  out = {"meta": meta, "offsets": offsets.tolist(), "seq": seq, "tokens": _buffer(tokens),
+         "in_loss": _buffer(arrays["loss_mask_BR"][sampled]), "pieces": info["pieces"], "fields": fields,
+         "flags": flags, "colours": colours}
+  if "context_BR" in arrays:
+    out["env"] = _buffer(~policy[sampled])
+    meta["n_env_tokens"] = int((sampled & ~policy).sum())
+  return out
 
 
 @functools.cache

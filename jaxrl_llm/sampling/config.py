@@ -54,6 +54,10 @@ class SamplingConfig:
       rows (a group), row b belongs to prompt b // n_samples.
     eos_ids: tokens that end a row with finish reason "eos".
     stop_ids: tokens that end a row with finish reason "stop".
+    stop_sequences: token sequences that end a row with finish reason "stop"
+      once the row's sampled tokens end with one (a multi-token stop string
+      such as a tool call's closing tag, sampling/turns.py); the sequence is
+      part of the response.
     pad_id: written after a row has finished.
     record_topk: record the k most likely ids and their log mu per position;
       0 disables.
@@ -76,6 +80,7 @@ class SamplingConfig:
   n_samples: int = 1
   eos_ids: tuple[int, ...] = ()
   stop_ids: tuple[int, ...] = ()
+  stop_sequences: tuple[tuple[int, ...], ...] = ()
   pad_id: int = 0
   record_topk: int = 0
   record_raw_logp: bool = False
@@ -101,6 +106,11 @@ class SamplingConfig:
     _check_int("vocab_limit", self.vocab_limit, 0)
     eos_ids = _check_ids("eos_ids", self.eos_ids)
     stop_ids = _check_ids("stop_ids", self.stop_ids)
+    if not isinstance(self.stop_sequences, (tuple, list)):
+      raise TypeError(f"SamplingConfig.stop_sequences must be a tuple of token-id tuples, got {self.stop_sequences!r}")
+    stop_sequences = tuple(_check_ids("stop_sequences (an entry)", seq) for seq in self.stop_sequences)
+    if any(not seq for seq in stop_sequences):
+      raise ValueError("SamplingConfig.stop_sequences holds an empty sequence: each needs at least one id")
     both = sorted(set(eos_ids) & set(stop_ids))
     if both:
       raise ValueError(f"SamplingConfig: ids {both} are in both eos_ids and stop_ids; the finish reason would be ambiguous")
@@ -116,6 +126,7 @@ class SamplingConfig:
     object.__setattr__(self, "min_p", min_p)
     object.__setattr__(self, "eos_ids", eos_ids)
     object.__setattr__(self, "stop_ids", stop_ids)
+    object.__setattr__(self, "stop_sequences", stop_sequences)
 
   @property
   def greedy(self) -> bool:
@@ -127,8 +138,9 @@ class SamplingConfig:
       raise ValueError(f"SamplingConfig.top_k={self.top_k} exceeds the vocabulary size {vocab_size}: allowed [0, {vocab_size}]")
     if self.record_topk > vocab_size:
       raise ValueError(f"SamplingConfig.record_topk={self.record_topk} exceeds the vocabulary size {vocab_size}: allowed [0, {vocab_size}]")
-    for name in ("eos_ids", "stop_ids"):
-      bad = [i for i in getattr(self, name) if i >= vocab_size]
+    for name, ids in (("eos_ids", self.eos_ids), ("stop_ids", self.stop_ids),
+                      ("stop_sequences", [i for seq in self.stop_sequences for i in seq])):
+      bad = [i for i in ids if i >= vocab_size]
       if bad:
         raise ValueError(f"SamplingConfig.{name} holds {bad}, outside the vocabulary [0, {vocab_size})")
     if self.pad_id >= vocab_size:
@@ -169,6 +181,11 @@ class ServerConfig:
   on_failure: str = "resample"
   on_exit: str = "restart"  # the server gone mid-run: restart it (a started one) | wait (wait_s) | error
   wait_s: float = 120.0  # seconds to wait for a server to start or to come back
+  # after every weight sync the server must report the version pushed and score a fixed probe like the
+  # trainer, within sync_check_tol, or the step fails (sampling/sync_check.py); False: no check
+  sync_check: bool = True
+  sync_check_tol: float = 0.0  # max |delta log p| allowed on the probe; 0: the export type's measured one
+  sync_timeout_s: float = 600.0  # seconds a sync may take after its export (the server loading, the check)
 
   def __post_init__(self):
     for name in ("url", "model", "command"):
@@ -181,9 +198,11 @@ class ServerConfig:
     check_int("config.rollout.server.retries", self.retries, 0, 100)
     check_choice("config.rollout.server.on_failure", self.on_failure, SERVER_ON_FAILURE)
     check_choice("config.rollout.server.on_exit", self.on_exit, SERVER_ON_EXIT)
-    # Seconds as floats, so that equal settings compare (and hash) equal.
+    check_bool("config.rollout.server.sync_check", self.sync_check)
+    # Seconds and tolerances as floats, so that equal settings compare (and hash) equal.
     for name, low_open, high in (("timeout_s", True, 86400.0), ("backoff_s", False, 3600.0),
-                                 ("wait_s", True, 86400.0)):
+                                 ("wait_s", True, 86400.0), ("sync_check_tol", False, 1000.0),
+                                 ("sync_timeout_s", True, 86400.0)):
       value = check_float(f"config.rollout.server.{name}", getattr(self, name), 0.0, high, low_open=low_open)
       object.__setattr__(self, name, value)
 
@@ -191,6 +210,10 @@ class ServerConfig:
   def managed(self) -> bool:
     """The engine starts llama.cpp's server itself and restarts it on each export (sync='restart')."""
     return self.sync == "restart"
+
+
+# How the built-in sampler holds its weights on the mesh (sampling/engine.py, JaxSampler.sync).
+SAMPLER_SHARDINGS = ("fsdp", "tensor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +235,7 @@ class RolloutConfig:
   top_k: int
   top_p: float
   sampler_dtype: str
+  sampler_sharding: str  # fsdp: the params as the trainer holds them | tensor: gathered over fsdp at each sync
   staleness: int
   overlap: bool  # generate the next batches in the background (training/async_rollout.py); needs staleness >= 1
   record_topk: int
@@ -233,6 +257,10 @@ class RolloutConfig:
     check_int("config.rollout.top_k", self.top_k, 0)
     check_float("config.rollout.top_p", self.top_p, 0.0, 1.0, low_open=True)
     check_choice("config.rollout.sampler_dtype", self.sampler_dtype, DTYPES)
+    check_choice("config.rollout.sampler_sharding", self.sampler_sharding, SAMPLER_SHARDINGS)
+    if self.sampler_sharding != "fsdp" and self.engine != "builtin":
+      raise bad("config.rollout.sampler_sharding", self.sampler_sharding, "the built-in engine's layout: another "
+                "engine holds its own weights, use 'fsdp'")
     check_int("config.rollout.staleness", self.staleness, 0, 64)
     check_int("config.rollout.record_topk", self.record_topk, 0)
     check_bool("config.rollout.overlap", self.overlap)

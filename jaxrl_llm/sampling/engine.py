@@ -42,7 +42,14 @@ from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 
 @dataclasses.dataclass(frozen=True)
 class RolloutBatch:
-  """B = prompts x G samples, a prompt's samples consecutive."""
+  """B = prompts x G samples, a prompt's samples consecutive.
+
+  A sample is one response, or one multi-turn episode (training/episodes.py): then the response is
+  everything after the opening prompt, the policy's turns and the environment's observations in
+  order, and `mask_BR` marks the policy's tokens only (the loss's tokens), `context_BR` all of them
+  (what the forward passes attend to), `turn_BR` each token's turn. A single-turn engine leaves the
+  last four fields at their defaults (filled in `__post_init__`).
+  """
 
   prompt_BP: np.ndarray  # int32 [B, P] left-padded prompt of each sample
   prompt_mask_BP: np.ndarray  # bool [B, P]
@@ -58,6 +65,21 @@ class RolloutBatch:
   tags: tuple[str, ...]  # [B] task tags (Example.tag)
   responses: tuple[str, ...]  # [B] decoded text up to EOS
   version_B: np.ndarray  # int32 [B] policy version (the `version` of the engine's last sync) that sampled the row; -1: none
+  context_BR: np.ndarray | None = None  # bool [B, R] the response's real tokens, sampled or an observation; None: mask_BR
+  turn_BR: np.ndarray | None = None  # int32 [B, R] turn of each token (an observation: the turn it precedes); None: 0
+  statuses: tuple[str, ...] = ()  # [B] why each episode ended (envs/base.py STATUSES); (): single-turn samples
+  reward_parts: tuple[dict, ...] = ()  # [B] each episode's reward parts {name: float}; (): the verifier scores `responses`
+
+  def __post_init__(self):
+    if self.context_BR is None:
+      object.__setattr__(self, "context_BR", np.asarray(self.mask_BR, bool).copy())
+    if self.turn_BR is None:
+      object.__setattr__(self, "turn_BR", np.zeros(np.shape(self.mask_BR), np.int32))
+
+  @property
+  def episodic(self) -> bool:
+    """The rows are multi-turn episodes (rewards from the environment, not the verifier)."""
+    return bool(self.statuses)
 
   @property
   def sampled_B(self) -> np.ndarray:
@@ -84,7 +106,10 @@ class RolloutBatch:
     out = {}
     for f in dataclasses.fields(RolloutBatch):
       v = getattr(self, f.name)
-      out[f.name] = tuple(v[i] for i in rows) if isinstance(v, tuple) else v[rows]
+      if isinstance(v, tuple):
+        out[f.name] = tuple(v[i] for i in rows) if v else v  # (): a field single-turn samples leave empty
+      else:
+        out[f.name] = v[rows]
     return RolloutBatch(**out)
 
 
@@ -116,10 +141,11 @@ def sampler_view(params, model_cfg: ModelConfig, scfg: SamplingConfig, mismatch:
 def sample_batch(params, model_cfg: ModelConfig, prompts, scfg: SamplingConfig, key, tokenizer,
                  batch_sharding=None, version: int = -1) -> RolloutBatch:
   """The built-in sampler on one PromptBatch (rows split over `batch_sharding`); `version` is recorded per row."""
-  tokens_BP, mask_BP = prompts.tokens_BP, prompts.mask_BP
-  if batch_sharding is not None:
-    tokens_BP, mask_BP = jax.device_put((tokens_BP, mask_BP), batch_sharding)
-  ro = generate_lib.generate(params, model_cfg, tokens_BP, mask_BP, scfg, key)
+  # On the batch sharding's mesh the rows and the KV cache are split over its batch axes (and the
+  # cache's kv heads over tensor); without the mesh the compiler may keep a whole cache per chip
+  # (128 GB per chip for Qwen3-8B at 32 x 8 samples of 1,024 + 4,096 tokens on a v5p-128).
+  mesh = batch_sharding.mesh if batch_sharding is not None else None
+  ro = generate_lib.generate(params, model_cfg, prompts.tokens_BP, prompts.mask_BP, scfg, key, mesh=mesh)
   # The host needs the tokens (decoding, rewards) and the masks; log mu stays on the device.
   tokens_BR, mask_BR, finish_B, length_B, idx = jax.device_get(
       (ro.tokens_BR, ro.mask_BR, ro.finish_reason_B, ro.length_B, ro.prompt_index_B))
@@ -138,6 +164,16 @@ def sample_batch(params, model_cfg: ModelConfig, prompts, scfg: SamplingConfig, 
       version_B=np.full((B,), version, np.int32))
 
 
+def sampler_gather(model_cfg: ModelConfig, scfg: SamplingConfig, mesh):
+  """The jitted copy of the params the sampler holds under rollout.sampler_sharding='tensor': cast to
+  the sampler's dtype and gathered over fsdp (model.sharding.sampler_param_shardings), one program
+  per sync."""
+  from jaxrl_llm.model.sharding import sampler_param_shardings
+
+  return jax.jit(lambda params: cast_params(params, scfg.dtype),
+                 out_shardings=sampler_param_shardings(model_cfg, mesh))
+
+
 class JaxSampler:
   """The built-in engine: the jitted sampler on the trainer's devices.
 
@@ -148,13 +184,17 @@ class JaxSampler:
   """
 
   def __init__(self, *, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tokenizer, batch_sharding=None,
-               mismatch: SamplerMismatch = NO_MISMATCH):
+               mismatch: SamplerMismatch = NO_MISMATCH, sharding: str = "fsdp"):
     self.model_cfg, self.sampling_cfg, self.tokenizer = model_cfg, sampling_cfg, tokenizer
     self.batch_sharding, self.mismatch = batch_sharding, mismatch
     self.params, self.version = None, -1
+    self._gather = None
+    if sharding == "tensor" and batch_sharding is not None:  # rollout.sampler_sharding
+      self._gather = sampler_gather(model_cfg, sampling_cfg, batch_sharding.mesh)
 
   def sync(self, params, version: int) -> None:
-    self.params = mismatched_params(params, self.mismatch) if self.mismatch.active else params
+    params = mismatched_params(params, self.mismatch) if self.mismatch.active else params
+    self.params = self._gather(params) if self._gather is not None else params
     self.version = version
 
   def generate(self, prompts, key) -> RolloutBatch:
@@ -191,8 +231,9 @@ def make_engine(name: str, **kwargs) -> RolloutEngine:
 def _builtin(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg=None) -> JaxSampler:
   # The sampling config says how to sample; the run's rollout section adds the weight mismatch.
   mismatch = run_cfg.rollout.mismatch if run_cfg is not None else NO_MISMATCH
+  sharding = run_cfg.rollout.sampler_sharding if run_cfg is not None else "fsdp"
   return JaxSampler(model_cfg=model_cfg, sampling_cfg=sampling_cfg, tokenizer=tokenizer,
-                    batch_sharding=batch_sharding, mismatch=mismatch)
+                    batch_sharding=batch_sharding, mismatch=mismatch, sharding=sharding)
 
 
 register_engine("builtin", _builtin)

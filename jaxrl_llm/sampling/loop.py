@@ -53,6 +53,7 @@ class DecodeState:
   topk_logp_BRK: jax.Array | None  # [B, R, K] f32 or None
   finish_reason_B: jax.Array  # [B] int32 (FINISH_LENGTH until decided)
   length_B: jax.Array  # [B] int32
+  budget_B: jax.Array | None = None  # [B] int32 tokens the row may sample, <= R (one turn of an episode); None: R
 
 
 def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: tuple[str, ...]) -> DecodeState:
@@ -91,6 +92,15 @@ def _column(buf, col, t):
   return lax.dynamic_update_slice(buf, jnp.expand_dims(col, 1).astype(buf.dtype), start)
 
 
+def _ends_with(tokens_BR: jax.Array, tok_B: jax.Array, t: jax.Array, seq: tuple[int, ...]) -> jax.Array:
+  """bool [B]: the row's sampled tokens, tok_B at step t after tokens_BR[:, :t], end with `seq`."""
+  match_B = tok_B == seq[-1]
+  for j, want in enumerate(reversed(seq[:-1]), start=1):
+    prev_B = lax.dynamic_index_in_dim(tokens_BR, jnp.maximum(t - j, 0), axis=1, keepdims=False)
+    match_B = match_B & (prev_B == want) & (t >= j)
+  return match_B
+
+
 def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> DecodeState:
   """Samples token `state.step` from logits_BV and writes it into the record."""
   t = state.step
@@ -125,8 +135,13 @@ def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> De
     updates["topk_logp_BRK"] = _column(state.topk_logp_BRK, jnp.where(active_B1, lp_BK, zero), t)
   is_eos_B = jnp.isin(tok_B, jnp.asarray(cfg.eos_ids, jnp.int32)) if cfg.eos_ids else jnp.zeros_like(active_B)
   is_stop_B = jnp.isin(tok_B, jnp.asarray(cfg.stop_ids, jnp.int32)) if cfg.stop_ids else jnp.zeros_like(active_B)
+  for seq in cfg.stop_sequences:  # a multi-token stop string: compared with the row's last len(seq) tokens
+    is_stop_B = is_stop_B | _ends_with(state.tokens_BR, tok_B, t, seq)
   reason_B = jnp.where(is_eos_B, FINISH_EOS, jnp.where(is_stop_B, FINISH_STOP, FINISH_LENGTH))
-  ends_B = active_B & (is_eos_B | is_stop_B | (t == R - 1))
+  at_length_B = t == R - 1
+  if state.budget_B is not None:  # a row's own limit (the turn budget of its episode), "length" too
+    at_length_B = at_length_B | (t + 1 >= state.budget_B)
+  ends_B = active_B & (is_eos_B | is_stop_B | at_length_B)
   return state.replace(
       step=t + 1,
       last_B=tok_B,
@@ -152,9 +167,12 @@ def prompt_positions(prompt_mask_BP: jax.Array) -> tuple[jax.Array, jax.Array, j
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len", "mesh", "data_axis"))
 def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array, key: jax.Array,
-            *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int, mesh: Mesh | None = None,
-            data_axis: tuple[str, ...] = ()) -> DecodeState:
-  """Encodes B0 prompts, repeats them n_samples times, samples token 0."""
+            budget_B: jax.Array | None = None, *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int,
+            mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
+  """Encodes B0 prompts, repeats them n_samples times, samples token 0.
+
+  budget_B: [B0] int32, the most tokens each prompt's rows may sample (in [1, R]); None: R for all.
+  """
   params = cast_params(params, cfg.dtype)
   B0, _ = prompt_tokens_BP.shape
   n = cfg.n_samples
@@ -184,6 +202,7 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
       topk_logp_BRK=jnp.zeros((B, R, K), jnp.float32) if K else None,
       finish_reason_B=jnp.full((B,), FINISH_LENGTH, jnp.int32),
       length_B=jnp.zeros((B,), jnp.int32),
+      budget_B=None if budget_B is None else rep(budget_B.astype(jnp.int32)),
   )
   return shard_rows(_record(shard_rows(state, mesh, data_axis), rep(logits_BV), cfg), mesh, data_axis)
 
@@ -212,6 +231,18 @@ def segment_lengths(prompt_len: int, max_new_tokens: int, cache_len: int,
   return tuple(sorted(set(lengths) | {cache_len}))
 
 
+def decode_step(params: dict, s: DecodeState, *, model_cfg: ModelConfig, cfg: SamplingConfig,
+                mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
+  """One step of the decode loop: feeds the last token, samples the next. `params` as the loop
+  holds them (unstacked, in the sampler's dtype)."""
+  # The token sampled at step - 1 goes into slot P + step - 1 at position
+  # prompt_len + step - 1; finished rows feed padding that no query attends.
+  positions_B1 = (s.prompt_len_B + s.step - 1)[:, None]
+  hidden_B1D, cache = forward(params, model_cfg, s.last_B[:, None], positions_B1, s.active_B[:, None], s.cache)
+  logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
+  return shard_rows(_record(s.replace(cache=cache), logits_BV, cfg), mesh, data_axis)
+
+
 # The state is donated and returned: the loop writes the cache and the record
 # buffers in place, where without donation XLA would first copy the
 # KV cache (the sampler's largest buffers) out of the caller's.
@@ -231,14 +262,7 @@ def decode(params: dict, state: DecodeState, *, model_cfg: ModelConfig, cfg: Sam
   R = cfg.max_new_tokens
   S = state.cache.length
 
-  def body(s: DecodeState):
-    # The token sampled at step - 1 goes into slot P + step - 1 at position
-    # prompt_len + step - 1; finished rows feed padding that no query attends.
-    positions_B1 = (s.prompt_len_B + s.step - 1)[:, None]
-    hidden_B1D, cache = forward(params, model_cfg, s.last_B[:, None], positions_B1,
-                                s.active_B[:, None], s.cache)
-    logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
-    return shard_rows(_record(s.replace(cache=cache), logits_BV, cfg), mesh, data_axis)
+  body = functools.partial(decode_step, params, model_cfg=model_cfg, cfg=cfg, mesh=mesh, data_axis=data_axis)
 
   lengths = (S,) if prompt_len is None else segment_lengths(prompt_len, R, S)
   for length in lengths:

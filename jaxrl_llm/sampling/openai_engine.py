@@ -60,6 +60,13 @@ Weights (`sync(params, version)`, weight_sync.py): every `server.sync_every`
 steps the policy is exported (GGUF, `server.export` type) and the server
 process restarted on it; `sync_s` / `export_s` / `reload_s` measure it. Each sample
 records the policy version it was drawn with (`RolloutBatch.version_B`).
+Every sync is then verified (`server.sync_check`, sync_check.py): the server
+must report the version pushed and score a fixed probe within the export
+type's tolerance of the trainer, or the step fails with a one-line
+SyncCheckFailed; a sync past `server.sync_timeout_s` fails it with a
+SyncTimeout. `engine/sync_version` (the version the server reports, -1 when
+it names none), `engine/sync_probe_max_abs_dlogp`, `engine/sync_check_failures`
+and `engine/sync_timeouts` record it.
 
 At start the engine checks that the server serves the expected model
 (`server.model`, /v1/models), that its vocabulary has the trainer's size
@@ -90,7 +97,9 @@ from jaxrl_llm.sampling.http_client import ServerClient, ServerRejected, ServerU
 from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, request_fields
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
-from jaxrl_llm.sampling.weight_sync import NoSync, RestartSync, SGLangDiskSync, WeightSync
+from jaxrl_llm.sampling.sync_check import (
+    Deadline, SyncCheck, SyncCheckFailed, SyncTimeout, engine_logp, probe_ids, tolerance, trainer_logp, version_of)
+from jaxrl_llm.sampling.weight_sync import Exported, NoSync, RestartSync, SGLangDiskSync, WeightSync
 
 _PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+3=5.\n"
 
@@ -121,8 +130,13 @@ class OpenAIEngine:
     self._lock, self._recover_lock = threading.Lock(), threading.Lock()
     self._restarts_this_call = 0
     self.counters = dict.fromkeys(("requests", "retries", "failed_requests", "resampled", "dropped",
-                                   "server_exits", "server_restarts", "syncs"), 0)
+                                   "server_exits", "server_restarts", "syncs", "sync_check_failures",
+                                   "sync_timeouts"), 0)
     self.timings = dict.fromkeys(("sync_s", "export_s", "reload_s"), 0.0)
+    self.last_check: SyncCheck | None = None
+    # the sync check's probe: fixed for a vocabulary, clear of padding, end and stop ids and padded rows
+    self.probe_L = probe_ids(sampling_cfg.vocab_limit or model_cfg.vocab_size,
+                             {sampling_cfg.pad_id, *self.ends})
     if settings.url:  # an external server: check it now, before any training
       self.connect(settings.url)
 
@@ -282,19 +296,62 @@ class OpenAIEngine:
   # ---- the contract ---------------------------------------------------------------
 
   def sync(self, params, version: int) -> None:
-    """Push `params` to the server when `server.sync_every` steps have passed since the last push."""
+    """Push `params` to the server when `server.sync_every` steps have passed since the last push, and
+    verify that it serves them (`server.sync_check`)."""
     if self.synced_step is not None and version - self.synced_step < self.cfg.sync_every:
       return
     t0 = time.perf_counter()
-    done = self.weight_sync.push(self, params, version)
-    if done is None:  # the server's weights are not ours to set
+    exported = self.weight_sync.export(params, version)
+    if exported is None:  # the server's weights are not ours to set
       return
+    deadline = Deadline(self.cfg.sync_timeout_s, version)  # from the end of the export: the server's part
+    try:
+      reload_s = self.weight_sync.load(self, exported, deadline)
+      if self.cfg.sync_check:
+        self.verify(params, exported, deadline)
+    except SyncTimeout:
+      with self._lock:
+        self.counters["sync_timeouts"] += 1
+      raise
     with self._lock:
       self.counters["syncs"] += 1
-      self.timings["export_s"] = done.export_s
-      self.timings["reload_s"] = done.reload_s
+      self.timings["export_s"] = exported.export_s
+      self.timings["reload_s"] = reload_s
       self.timings["sync_s"] = time.perf_counter() - t0
     self.version, self.synced_step = version, version
+
+  def verify(self, params, exported: Exported, deadline: Deadline) -> SyncCheck:
+    """The server serves `exported` (it says so) and scores the probe as the trainer does `params`; a
+    SyncCheckFailed naming the version, the max |delta log p| and the tolerance otherwise."""
+    served = self.weight_sync.served(self, deadline)
+    theirs = engine_logp(self.client, self.model_name, self.probe_L, deadline, timeout_s=self.cfg.timeout_s,
+                         retries=self.cfg.retries, backoff_s=self.cfg.backoff_s)
+    ours = trainer_logp(params, self.model_cfg, self.probe_L)
+    tol = tolerance(self.weight_sync.kind, self.cfg.sync_check_tol)
+    check = SyncCheck(version=exported.version, served=served, served_version=version_of(served),
+                      max_abs_dlogp=float(np.max(np.abs(theirs - ours))), tolerance=tol)
+    self.last_check = check
+    same = served == exported.tag
+    if same and check.max_abs_dlogp <= tol:  # (a NaN is not <=)
+      return check
+    with self._lock:
+      self.counters["sync_check_failures"] += 1
+    if same:
+      says = f"the server reports serving it ({served}), but its"
+    elif check.served_version >= 0:
+      says = f"the server reports serving version {check.served_version} ({served}), and its"
+    else:
+      says = f"the server reports serving {served!r}, not {exported.tag!r}, and its"
+    raise SyncCheckFailed(
+        f"rollout engine: the weight sync of policy version {exported.version} is not verified: {says} log-probs "
+        f"of the probe ({len(self.probe_L)} fixed tokens) differ from the trainer's by max |delta log p| = "
+        f"{check.max_abs_dlogp:.3g} (tolerance {tol:g}, {self._tol_source()}; "
+        "config.rollout.server.sync_check=False turns the check off)")
+
+  def _tol_source(self) -> str:
+    if self.cfg.sync_check_tol > 0:
+      return "config.rollout.server.sync_check_tol"
+    return f"measured for {self.weight_sync.kind!r} weights, config.rollout.server.sync_check_tol sets another"
 
   def generate(self, prompts, key) -> RolloutBatch:
     if self.client is None:
@@ -348,10 +405,14 @@ class OpenAIEngine:
     self.weight_sync.close()
 
   def metrics(self) -> dict[str, float]:
-    """Counters since the start (requests, retries, failures, restarts, syncs) and the last sync's seconds."""
+    """Counters since the start (requests, retries, failures, restarts, syncs, failed checks, timeouts), the
+    last sync's seconds and what its check found (the version the server reports, max |delta log p|)."""
     with self._lock:
       out = {f"engine/{k}": float(v) for k, v in self.counters.items()}
       out.update({f"engine/{k}": v for k, v in self.timings.items()})
+      if self.last_check is not None:  # the last verified (or failed) sync
+        out["engine/sync_version"] = float(self.last_check.served_version)
+        out["engine/sync_probe_max_abs_dlogp"] = self.last_check.max_abs_dlogp
     return out
 
   # ---- one sample --------------------------------------------------------------------

@@ -11,10 +11,10 @@ from jaxrl_llm.sampling.config import SamplingConfig
 
 SAMPLER_ORDER = ("temperature", "top_k", "top_p", "min_p")  # SamplingConfig's processing order
 # llama.cpp samplers and penalties outside SamplingConfig, switched off (their server defaults are on).
-_OFF = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
+SAMPLERS_OFF = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
         "xtc_probability": 0.0, "typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "top_n_sigma": -1.0}
 # Request fields that llama.cpp echoes in `generation_settings` under the same name (check_applied_settings).
-APPLIED_FIELDS = ("temperature", "top_k", "top_p", "min_p", "samplers", "n_probs", "post_sampling_probs", *_OFF)
+APPLIED_FIELDS = ("temperature", "top_k", "top_p", "min_p", "samplers", "n_probs", "post_sampling_probs", *SAMPLERS_OFF)
 
 
 def request_fields(scfg: SamplingConfig, vocab_size: int) -> dict:
@@ -31,7 +31,7 @@ def request_fields(scfg: SamplingConfig, vocab_size: int) -> dict:
   fields = {"max_tokens": scfg.max_new_tokens, "temperature": scfg.temperature, "top_k": scfg.top_k,
             "top_p": scfg.top_p, "min_p": scfg.min_p, "samplers": list(SAMPLER_ORDER),
             "n_probs": max(1, scfg.record_topk), "post_sampling_probs": True, "n": 1, "stream": False,
-            "cache_prompt": True, **_OFF}
+            "cache_prompt": True, **SAMPLERS_OFF}
   if scfg.vocab_limit and scfg.vocab_limit < vocab_size:  # padded rows: never sampled
     fields["logit_bias"] = [[i, False] for i in range(scfg.vocab_limit, vocab_size)]
   return fields

@@ -52,6 +52,10 @@ def _tail(path: str, n: int = 6) -> str:
   return " | ".join(lines[-n:])
 
 
+class ServerNotReady(ConfigError):
+  """The server process did not answer GET /health in time (it may still be loading)."""
+
+
 class LlamaServerProcess:
   """One llama.cpp server on a loopback port; `start(model)` (re)starts it on that model file."""
 
@@ -83,8 +87,9 @@ class LlamaServerProcess:
   def exit_code(self) -> int | None:
     return None if self.proc is None else self.proc.poll()
 
-  def start(self, model_path: str) -> float:
-    """Stop the running server (if any), start one on `model_path`, wait until it serves; the seconds."""
+  def start(self, model_path: str, wait_s: float | None = None) -> float:
+    """Stop the running server (if any), start one on `model_path`, wait until it serves (at most `wait_s`,
+    default the `wait_s` it was made with); the seconds."""
     t0 = time.perf_counter()
     self.stop()
     self.model_path = model_path
@@ -96,13 +101,14 @@ class LlamaServerProcess:
       self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
       log.close()
-    self.wait_ready()
+    self.wait_ready(self.wait_s if wait_s is None else wait_s)
     return time.perf_counter() - t0
 
-  def wait_ready(self) -> None:
-    """Until GET /health is 200; a ConfigError if the process exits or `wait_s` passes first."""
+  def wait_ready(self, wait_s: float) -> None:
+    """Until GET /health is 200; a ConfigError if the process exits, ServerNotReady if `wait_s` passes first
+    (the process is then stopped)."""
     client = ServerClient(self.url, timeout_s=2.0)
-    deadline = time.monotonic() + self.wait_s
+    deadline = time.monotonic() + wait_s
     while True:
       if not self.alive():
         raise ConfigError(f"llama.cpp server ({' '.join(self.argv)}) exited with code {self.exit_code} while "
@@ -114,8 +120,8 @@ class LlamaServerProcess:
         pass
       if time.monotonic() > deadline:
         self.stop()
-        raise ConfigError(f"llama.cpp server on {self.url} did not become ready within "
-                          f"config.rollout.server.wait_s={self.wait_s:g} s: {_tail(self.log_path)}")
+        raise ServerNotReady(f"llama.cpp server on {self.url} did not become ready within {wait_s:g} s "
+                             f"(config.rollout.server.wait_s={self.wait_s:g}): {_tail(self.log_path)}")
       time.sleep(0.05)
 
   def stop(self) -> None:

@@ -1,19 +1,29 @@
 """How an external rollout engine's server gets the trainer's weights (`config.rollout.server.sync`).
 
-`push(engine, params, version)` makes the server sample with `params` from
-now on and returns what it cost (`SyncCost`), or None when the server's
-weights are not the trainer's to set.
+A sync has three parts, which the engine calls in order (openai_engine.py):
+`export(params, version)` writes the weights where the server can read
+them (`Exported`, or None when the server's weights are not the trainer's
+to set); `load(engine, exported, deadline)` makes the server sample with
+them from now on and returns the seconds it took; `served(engine, deadline)`
+is what the server reports it serves, which must equal `exported.tag`
+(the sync check, sync_check.py). `load` and `served` stay within the
+`deadline` (config.rollout.server.sync_timeout_s, sync_check.Deadline),
+raising a SyncTimeout past it. `kind` names the weights' format for the
+check's tolerance (sync_check.SYNC_TOLERANCE).
 
 * `RestartSync` ("restart", llama.cpp): export the params to a GGUF file
-  (model/gguf_export.py, `server.export` = f32 | f16 | q8_0 | q4_0) and
-  restart the server process on it (server_process.py). Runs here, tested
-  against llama.cpp's server.
+  (model/gguf_export.py, `server.export` = f32 | f16 | q8_0 | q4_0) named
+  after the version (`policy-v{version}.{export}.gguf`) and restart the
+  server process on it (server_process.py); llama.cpp's GET /props reports
+  the file it loaded (`model_path`). Runs here, tested against llama.cpp's
+  server.
 * `SGLangDiskSync` ("sglang"): write the params as a Hugging Face checkpoint
   (`hf_io.save_hf`) and ask the server to load it in place with SGLang's
-  `POST /update_weights_from_disk {"model_path": DIR}` (answer `{"success":
-  true, "message": ...}`). SGLang needs a GPU: this hook is exercised here
-  only against a stand-in server that speaks the same two calls, never
-  against SGLang itself.
+  `POST /update_weights_from_disk {"model_path": DIR, "weight_version": "V"}`
+  (answer `{"success": true, "message": ...}`); GET /get_weight_version
+  (newer SGLang: /model_info) answers `{"weight_version": "V"}`. SGLang
+  needs a GPU: this hook is exercised here only against a stand-in server
+  that speaks the same calls, never against SGLang itself.
 * vLLM: no hook. Its weight transfer (`VLLM_SERVER_DEV_MODE=1`,
   HTTP `init_weight_transfer_engine` / `start_weight_update` /
   `update_weights` / `finish_weight_update`, with the tensors sent over
@@ -22,7 +32,8 @@ weights are not the trainer's to set.
   calls around a broadcast of the Hugging Face tensors (`hf_io.name_table`
   gives their names and layout). Running or testing it needs a GPU.
 * `NoSync` ("none"): an external server whose weights stay fixed; its
-  samples record policy version -1 (no trainer step made them).
+  samples record policy version -1 (no trainer step made them). Nothing
+  to check.
 """
 
 from __future__ import annotations
@@ -38,26 +49,48 @@ from typing import Protocol
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.gguf_export import export_gguf
 from jaxrl_llm.model.hf_io import save_hf
+from jaxrl_llm.sampling.http_client import ServerRejected, ServerUnavailable
+from jaxrl_llm.sampling.server_process import ServerNotReady
+from jaxrl_llm.sampling.sync_check import Deadline, SyncCheckFailed
 
 
 @dataclasses.dataclass(frozen=True)
-class SyncCost:
+class Exported:
+  """The weights of one version, written for the server."""
+  path: str  # the GGUF file / Hugging Face directory
+  version: int  # the policy version
+  tag: str  # what the server reports serving once it has loaded them (`served`)
   export_s: float  # params -> file
-  reload_s: float  # the server taking the file (a restart, a load in place)
 
 
 class WeightSync(Protocol):
-  def push(self, engine, params, version: int) -> SyncCost | None:
-    """Make `engine`'s server sample with `params` (the policy of step `version`)."""
+  kind: str  # the weights' format: the key of the check's tolerance (sync_check.SYNC_TOLERANCE)
+
+  def export(self, params, version: int) -> Exported | None:
+    """Write `params` (the policy of step `version`) for the server; None: its weights are not ours to set."""
+
+  def load(self, engine, exported: Exported, deadline: Deadline) -> float:
+    """Make `engine`'s server sample with `exported` from now on; the seconds it took."""
+
+  def served(self, engine, deadline: Deadline) -> str:
+    """What the server reports it serves (compared with `Exported.tag`)."""
 
   def close(self) -> None:
-    """Remove what push wrote."""
+    """Remove what export wrote."""
 
 
 class NoSync:
-  def push(self, engine, params, version: int) -> SyncCost | None:
-    del engine, params, version
+  kind = "none"
+
+  def export(self, params, version: int) -> Exported | None:
+    del params, version
     return None
+
+  def load(self, engine, exported: Exported, deadline: Deadline) -> float:
+    raise AssertionError("NoSync exports nothing to load")
+
+  def served(self, engine, deadline: Deadline) -> str:
+    raise AssertionError("NoSync exports nothing to check")
 
   def close(self) -> None:
     pass
@@ -68,13 +101,13 @@ class RestartSync:
 
   def __init__(self, *, model_cfg: ModelConfig, tokenizer, qtype: str, hf_path: str, out_dir: str):
     self.model_cfg, self.tokenizer, self.qtype, self.hf_path = model_cfg, tokenizer, qtype, hf_path
-    self.out_dir, self.current = out_dir, ""
+    self.out_dir, self.current, self.kind = out_dir, "", qtype
 
   @staticmethod
   def make_dir() -> str:
     return tempfile.mkdtemp(prefix="jaxrl_llm_engine_")
 
-  def push(self, engine, params, version: int) -> SyncCost:
+  def export(self, params, version: int) -> Exported:
     """A full disk at the export is an error (OSError ENOSPC naming the file and the free space): the
     partial file is removed (export_gguf), the server is not restarted and keeps the previous weights,
     and the run stops at that step; its last checkpoint is untouched, a rerun resumes from it. (Going on
@@ -92,13 +125,28 @@ class RestartSync:
                     f"version {version} to {path} ({free / 2**20:.1f} MiB free in {self.out_dir}); the partial "
                     f"file is removed and the server {serving}. Free space (or choose a smaller "
                     f"config.rollout.server.export) and rerun to resume from the last checkpoint") from None
-    reload_s = engine.process.start(path)
+    return Exported(path=path, version=version, tag=path, export_s=export.seconds)
+
+  def load(self, engine, exported: Exported, deadline: Deadline) -> float:
+    """Restart the server on the file, within the deadline (the server's own wait_s still bounds it)."""
+    doing = f"the llama.cpp server's restart on {exported.path}"
+    left = deadline.left(doing)
+    try:
+      reload_s = engine.process.start(exported.path, wait_s=min(left, engine.process.wait_s))
+    except ServerNotReady:
+      if left < engine.process.wait_s:
+        raise deadline.timeout(doing) from None
+      raise
     if engine.client is None:  # the first server: check its model and vocabulary once
       engine.connect(engine.process.url)
-    if self.current and self.current != path and os.path.exists(self.current):
+    if self.current and self.current != exported.path and os.path.exists(self.current):
       os.remove(self.current)
-    self.current = path
-    return SyncCost(export_s=export.seconds, reload_s=reload_s)
+    self.current = exported.path
+    return reload_s
+
+  def served(self, engine, deadline: Deadline) -> str:
+    """llama.cpp's GET /props `model_path`: the -m file of the running server."""
+    return _get_field(engine, "/props", "model_path", deadline)
 
   def close(self) -> None:
     shutil.rmtree(self.out_dir, ignore_errors=True)
@@ -107,24 +155,62 @@ class RestartSync:
 class SGLangDiskSync:
   """SGLang: a Hugging Face checkpoint on disk, loaded in place by POST /update_weights_from_disk."""
 
+  kind = "hf"
+
   def __init__(self, *, model_cfg: ModelConfig, out_dir: str = ""):
     self.model_cfg = model_cfg
     self.out_dir = out_dir or tempfile.mkdtemp(prefix="jaxrl_llm_engine_")
 
-  def push(self, engine, params, version: int) -> SyncCost:
+  def export(self, params, version: int) -> Exported:
     t0 = time.perf_counter()
     path = os.path.join(self.out_dir, f"policy-v{version}")
     shutil.rmtree(path, ignore_errors=True)
     save_hf(params, self.model_cfg, path)
-    t1 = time.perf_counter()
-    answer = engine.client.post("/update_weights_from_disk", {"model_path": path})
+    return Exported(path=path, version=version, tag=str(version), export_s=time.perf_counter() - t0)
+
+  def load(self, engine, exported: Exported, deadline: Deadline) -> float:
+    t0 = time.perf_counter()
+    doing = f"{engine.client.base_url}/update_weights_from_disk of {exported.path}"
+    try:
+      answer = engine.client.post("/update_weights_from_disk", {"model_path": exported.path,
+                                                                "weight_version": exported.tag},
+                                  timeout_s=deadline.left(doing))
+    except ServerUnavailable:
+      deadline.left(doing)  # a SyncTimeout when the deadline was what ended it
+      raise
     if not answer.get("success", False):
-      raise RuntimeError(f"rollout engine: {engine.client.base_url}/update_weights_from_disk refused {path}: "
-                         f"{answer.get('message', answer)}")
+      raise RuntimeError(f"rollout engine: {engine.client.base_url}/update_weights_from_disk refused "
+                         f"{exported.path}: {answer.get('message', answer)}")
     for old in os.listdir(self.out_dir):
-      if old != os.path.basename(path):
+      if old != os.path.basename(exported.path):
         shutil.rmtree(os.path.join(self.out_dir, old), ignore_errors=True)
-    return SyncCost(export_s=t1 - t0, reload_s=time.perf_counter() - t1)
+    return time.perf_counter() - t0
+
+  def served(self, engine, deadline: Deadline) -> str:
+    """SGLang's GET /get_weight_version (newer releases: /model_info) `weight_version`."""
+    try:
+      return _get_field(engine, "/get_weight_version", "weight_version", deadline)
+    except SyncCheckFailed:
+      return _get_field(engine, "/model_info", "weight_version", deadline)
 
   def close(self) -> None:
     shutil.rmtree(self.out_dir, ignore_errors=True)
+
+
+def _get_field(engine, path: str, key: str, deadline: Deadline) -> str:
+  """GET `path`'s `key` (a string), within the deadline; a SyncCheckFailed when the server has none."""
+  doing = f"GET {engine.client.base_url}{path}"
+  try:
+    value = engine.client.get(path, timeout_s=min(engine.cfg.timeout_s, deadline.left(doing))).get(key)
+  except ServerUnavailable as e:
+    deadline.left(doing)
+    raise SyncCheckFailed(f"rollout engine: the weight sync of policy version {deadline.version} is not verified: "
+                          f"{doing} failed ({e})") from None
+  except ServerRejected as e:
+    value, why = None, str(e)
+  else:
+    why = f"its answer has no {key!r}"
+  if not isinstance(value, (str, int)) or value == "":
+    raise SyncCheckFailed(f"rollout engine: the weight sync of policy version {deadline.version} is not verified: "
+                          f"the server does not say which weights it serves ({doing}: {why})")
+  return str(value)

@@ -3,6 +3,13 @@
 Demonstrations for the SFT warm start are wrong on purpose for a fraction of
 problems: they use the carry-free sum (47+68 -> "05"), a systematic mistake
 that imitation reproduces and that a verifier can correct.
+
+With `tool_demos` the right demonstrations use the calculator in the plain tag
+format of the "calculator" environment (envs/calls.py, call_format "tags"):
+"<calc>47+68</calc><result>115</result>115", the call, the environment's
+answer, then the final answer; the wrong ones answer from memory, without it.
+In an episode the turn stops at "</calc>" and the environment writes the
+result, so RL can learn that answers that call the tool are right more often.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class ArithmeticTask:
   seed: int = 0  # fixes the train/eval split and the problems drawn
   eval_fraction: float = 0.1  # share of the problem space held out for eval
   wrong_fraction: float = 0.0  # share of demonstrations that are wrong (carry dropped)
+  tool_demos: bool = False  # right demonstrations call the calculator (<calc>a+b</calc><result>c</result>c)
   name: str = "arithmetic"
 
   def __post_init__(self):
@@ -74,7 +82,8 @@ class ArithmeticTask:
   def _example(self, a: int, op: str, b: int, rng) -> Example:
     answer = str(eval(f"{a}{op}{b}"))  # noqa: S307 - two ints and one operator
     wrong = rng.random() < self.wrong_fraction
-    return Example(prompt=f"{a}{op}{b}=", answer=answer, demo=str(self._wrong(a, op, b)) if wrong else answer,
+    right = f"<calc>{a}{op}{b}</calc><result>{answer}</result>{answer}" if self.tool_demos else answer
+    return Example(prompt=f"{a}{op}{b}=", answer=answer, demo=str(self._wrong(a, op, b)) if wrong else right,
                    tag=self.name)
 
   def examples(self, split: str, n: int) -> list[Example]:

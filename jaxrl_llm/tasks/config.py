@@ -8,6 +8,9 @@ import dataclasses
 
 from jaxrl_llm.checks import bad, check_bool, check_choice, check_float, check_int
 from jaxrl_llm.tasks import registry
+from jaxrl_llm.tasks.registry import MODEL_REWARD
+
+REWARD_NORMS = ("none", "running", "group")  # data.reward_norm (reward_model/rl_reward.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +23,7 @@ class TaskConfig:
   max_number: int
   eval_fraction: float
   n_train: int
+  tool_demos: bool
 
   def __post_init__(self):
     check_choice("config.task.name", self.name, registry.task_names())
@@ -29,6 +33,7 @@ class TaskConfig:
     check_int("config.task.max_number", self.max_number, 2, 99)
     check_float("config.task.eval_fraction", self.eval_fraction, 0.0, 0.5, low_open=True)
     check_int("config.task.n_train", self.n_train, 1)
+    check_bool("config.task.tool_demos", self.tool_demos)
     if not self.ops or any(o not in "+-*" for o in self.ops):
       raise bad("config.task.ops", self.ops, "a non-empty subset of '+-*'")
 
@@ -46,11 +51,24 @@ class DataConfig:
   reward_workers: int
   max_prompt_len: int
   chat_template: bool
+  reward_model: str  # data.reward=model: the reward model's workdir (training/model_reward.py)
+  reward_model_weight: float
+  verifier_weight: float
+  reward_norm: str
 
   def __post_init__(self):
     if not isinstance(self.tag_key, str):
       raise bad("config.data.tag_key", self.tag_key, "a row key (str); empty: every row is tagged 'file'")
-    check_choice("config.data.reward", self.reward, registry.reward_names())
+    check_choice("config.data.reward", self.reward, registry.reward_names() + (MODEL_REWARD,))
+    if not isinstance(self.reward_model, str):
+      raise bad("config.data.reward_model", self.reward_model, "a reward model's workdir (str)")
+    if (self.reward == MODEL_REWARD) != bool(self.reward_model):
+      raise bad("config.data.reward_model", self.reward_model,
+                f"a reward model's workdir exactly when config.data.reward={MODEL_REWARD!r} "
+                f"(config.data.reward={self.reward!r})")
+    check_float("config.data.reward_model_weight", self.reward_model_weight, 0.0, 100.0)
+    check_float("config.data.verifier_weight", self.verifier_weight, 0.0, 100.0)
+    check_choice("config.data.reward_norm", self.reward_norm, REWARD_NORMS)
     check_float("config.data.format_weight", self.format_weight, 0.0, 1.0)
     check_float("config.data.reward_timeout_s", self.reward_timeout_s, 0.0, 3600.0, low_open=True)
     check_int("config.data.reward_workers", self.reward_workers, 0, 256)

@@ -19,8 +19,9 @@ from jaxrl_llm.tasks.base import Example, FormatFn, RewardFn
 from jaxrl_llm.tasks.split import check_split, in_eval_split
 
 
-def _rows(path: str):
-  """Yields (line or row number starting at 1, row dict)."""
+def read_rows(path: str):
+  """Yields (line or row number starting at 1, row dict) of a .jsonl / .json / .parquet file; a line that
+  is not a JSON object is a ValueError naming the file and line."""
   if path.endswith(".jsonl") or path.endswith(".json"):
     with open(path, encoding="utf-8") as f:
       for lineno, line in enumerate(f, start=1):
@@ -52,7 +53,7 @@ def load_examples(path: str, prompt_key: str, answer_key: str, tag_key: str = ""
   out = []
   unit = "row" if path.endswith(".parquet") else "line"
   keys = (prompt_key, answer_key) + ((tag_key,) if tag_key else ())
-  for n, row in _rows(path):
+  for n, row in read_rows(path):
     for key in keys:
       if row.get(key) is None:
         raise ValueError(f"{path}:{n}: {unit} {n} has no {key!r} key "

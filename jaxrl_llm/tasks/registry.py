@@ -29,6 +29,9 @@ _TASKS: dict[str, TaskFactory] = {}
 _REWARDS: dict[str, tuple[RewardFn, FormatFn | None]] = {}
 # data.reward = "auto": the task's own reward_fn / format_fn (a file task: math_verify).
 AUTO_REWARD = "auto"
+# data.reward = "model": a trained reward model scores the samples (data.reward_model); the task's own
+# reward (as for "auto") is the gold verifier it is mixed with and whose accuracy is logged.
+MODEL_REWARD = "model"
 
 
 def register_task(name: str, factory: TaskFactory) -> None:
@@ -38,7 +41,7 @@ def register_task(name: str, factory: TaskFactory) -> None:
 
 
 def register_reward(name: str, reward_fn: RewardFn, format_fn: FormatFn | None = None) -> None:
-  if name in _REWARDS or name == AUTO_REWARD:
+  if name in _REWARDS or name in (AUTO_REWARD, MODEL_REWARD):
     raise ValueError(f"reward {name!r} is registered already")
   _REWARDS[name] = (reward_fn, format_fn)
 
@@ -58,8 +61,9 @@ def make_task(cfg) -> Task:
 
 
 def reward_fns(name: str, task: Task | None = None) -> tuple[RewardFn, FormatFn | None]:
-  """(reward_fn, format_fn) of reward `name`; 'auto' is the task's own."""
-  if name == AUTO_REWARD:
+  """(reward_fn, format_fn) of reward `name`; 'auto' is the task's own, and so is 'model' (the gold
+  verifier beside the reward model)."""
+  if name in (AUTO_REWARD, MODEL_REWARD):
     return task.reward_fn, task.format_fn
   return _REWARDS[name]
 
@@ -69,7 +73,7 @@ def reward_fns(name: str, task: Task | None = None) -> tuple[RewardFn, FormatFn 
 def _arithmetic(cfg) -> Task:
   t = cfg.task
   return ArithmeticTask(digits=t.digits, digits2=t.digits2, ops=t.ops, seed=cfg.seed,
-                        eval_fraction=t.eval_fraction, wrong_fraction=cfg.sft.wrong_fraction)
+                        eval_fraction=t.eval_fraction, wrong_fraction=cfg.sft.wrong_fraction, tool_demos=t.tool_demos)
 
 
 def _countdown(cfg) -> Task:
@@ -86,7 +90,7 @@ def _word_problems(cfg, prompt_format: str = "instruction") -> Task:
 def _file(cfg) -> Task:
   d = cfg.data
   # A file's rows carry no reward of their own: 'auto' checks math answers.
-  fn, fmt = reward_fns("math_verify" if d.reward == AUTO_REWARD else d.reward)
+  fn, fmt = reward_fns("math_verify" if d.reward in (AUTO_REWARD, MODEL_REWARD) else d.reward)
   return FileTask(path=d.path, reward_fn=fn, format_fn=fmt, prompt_key=d.prompt_key, answer_key=d.answer_key,
                   tag_key=d.tag_key, eval_path=d.eval_path, eval_fraction=cfg.task.eval_fraction, seed=cfg.seed)
 

@@ -14,7 +14,7 @@ class TrainBatch:
   prompt_BP: jax.Array  # int32 [B, P] left-padded prompt tokens
   prompt_mask_BP: jax.Array  # bool [B, P]
   tokens_BR: jax.Array  # int32 [B, R] response tokens (EOS included)
-  mask_BR: jax.Array  # bool [B, R] tokens that enter the loss (response mask minus filtered samples)
+  mask_BR: jax.Array  # bool [B, R] tokens that enter the loss: sampled by the policy, minus filtered samples
   behav_logp_BR: jax.Array  # f32 [B, R] log mu from the sampler
   prox_logp_BR: jax.Array  # f32 [B, R] log pi_prox (params when this batch's updates began)
   ref_logp_BR: jax.Array  # f32 [B, R] log pi_ref (the warm-started model); zeros when unused
@@ -25,6 +25,14 @@ class TrainBatch:
   topk_logp_BRK: jax.Array  # f32 [B, R, K] log mu at those ids
   behav_hidden_BRD: jax.Array  # [B, R, D] the sampler's final hidden states, in its dtype (TRM); D = 0 unused
   extra_BR: dict  # name -> f32 [B, R]: extra per-token inputs to the loss (e.g. teacher log-probs)
+  # bool [B, R] what the forward passes attend to: mask_BR plus an episode's observations (context for
+  # later turns, weight zero in every loss term and statistic); None: mask_BR (single-turn samples)
+  context_BR: jax.Array | None = None
+
+  @property
+  def attend_BR(self) -> jax.Array:
+    """The response tokens the model reads: `context_BR`, or `mask_BR` when there is none."""
+    return self.mask_BR if self.context_BR is None else self.context_BR
 
 
 # Keys of the update's `aux` (non-row inputs: arrays with no batch axis).

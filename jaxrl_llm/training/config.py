@@ -17,6 +17,8 @@ from typing import Any
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checks import ConfigError, bad, check_bool, check_choice, check_float, check_int, check_keys
+from jaxrl_llm.envs.config import NO_ENV, EnvConfig
+from jaxrl_llm.envs.registry import env_names
 from jaxrl_llm.kernels.config import KernelsConfig
 from jaxrl_llm.model.config import ModelSpec
 from jaxrl_llm.model.sharding import MeshConfig
@@ -118,6 +120,7 @@ SECTIONS: dict[str, type] = {
     "kernels": KernelsConfig,  # kernels/config.py
     "sft": SFTConfig,  # training/sft.py
     "rollout": RolloutConfig,  # sampling/config.py
+    "env": EnvConfig,  # envs/config.py
     "filters": FilterConfig,  # training/score.py
     "train": TrainConfig,
     "eval": EvalConfig,
@@ -127,7 +130,7 @@ SECTIONS: dict[str, type] = {
     "teacher": TeacherConfig,  # teacher/config.py
 }
 # Sections an older config may lack; they take their dataclass's defaults.
-OPTIONAL_SECTIONS = ("checkpoint", "teacher", "guard")
+OPTIONAL_SECTIONS = ("checkpoint", "teacher", "guard", "env")
 
 # Advantage estimators that need several samples per prompt (a group baseline
 # or a group std): group size 1 makes them undefined or identically zero.
@@ -156,6 +159,7 @@ class RunConfig:
   guard: GuardConfig = GuardConfig()  # runs without a learning signal
   checkpoint: CheckpointConfig = CheckpointConfig()  # when to save, what to keep
   teacher: TeacherConfig = TeacherConfig()  # the teacher extension's section; source='none': no teacher
+  env: EnvConfig = EnvConfig()  # multi-turn episodes with tools; name='none': single-turn samples
 
   @property
   def mini_batch_size(self) -> int:
@@ -165,6 +169,12 @@ class RunConfig:
   def micro_batch_size(self) -> int:
     return self.train.micro_batch_size or self.mini_batch_size
 
+  @property
+  def response_len(self) -> int:
+    """R, the response tokens of a batch row: an episode's after its opening prompt (env.max_tokens),
+    or a single-turn sample's (rollout.max_response_len)."""
+    return self.env.max_tokens if self.env.active else self.rollout.max_response_len
+
   def with_micro_batch(self, prompt_len: int, batch_shards: int) -> "RunConfig":
     """This config with `train.micro_batch_size` set from `train.micro_batch_tokens`
     when it is 0 (`micro_batch_for_tokens`); unchanged when it is set, or when no
@@ -173,7 +183,7 @@ class RunConfig:
     budget = tr.micro_batch_tokens or (AUTO_MICRO_BATCH_TOKENS if self.model.hf_path else 0)
     if tr.micro_batch_size or not budget:
       return self
-    micro = micro_batch_for_tokens(self.mini_batch_size, prompt_len + self.rollout.max_response_len, budget,
+    micro = micro_batch_for_tokens(self.mini_batch_size, prompt_len + self.response_len, budget,
                                    batch_shards)
     return dataclasses.replace(self, train=dataclasses.replace(tr, micro_batch_size=micro))
 
@@ -224,20 +234,41 @@ class RunConfig:
     if late:
       raise bad("config.log.dump_steps", self.log.dump_steps, f"steps {late} are past train.steps={tr.steps}: "
                 f"allowed [1, {tr.steps}]")
-    if self.filters.overlong_buffer >= ro.max_response_len:
+    if self.filters.overlong_buffer >= self.response_len:
+      what = "env.max_tokens" if self.env.active else "rollout.max_response_len"
       raise bad("config.filters.overlong_buffer", self.filters.overlong_buffer,
-                f"must be < rollout.max_response_len={ro.max_response_len}")
+                f"must be < {what}={self.response_len}")
     if obj.needs_centering and ro.record_topk < 1:
       raise bad("config.rollout.record_topk", ro.record_topk,
                 "Score Centering (objective.kappa=1) needs the sampler's top-k log-probs: set it >= 1")
     if obj.needs_token_kl and (ro.top_k or ro.top_p < 1.0):
       raise bad("config.rollout.top_k", ro.top_k, f"TRM's token KL(mu || pi_theta) is recomputed from the "
                 f"sampler's untruncated distribution: needs top_k=0 and top_p=1 (top_p={ro.top_p})")
+    self._check_env()
     if self.task.name == "file" and not self.data.path:
       raise bad("config.data.path", self.data.path, "task.name='file' needs a .jsonl or .parquet file")
     if self.task.name == "file" and self.sft.steps > 0:
       raise bad("config.sft.steps", self.sft.steps, "the SFT warm start needs demonstrations, which only the "
                 "built-in tasks have: set sft.steps=0 for task.name='file'")
+
+  def _check_env(self) -> None:
+    """What multi-turn episodes (training/episodes.py) work with so far."""
+    env, ro = self.env, self.rollout
+    check_choice("config.env.name", env.name, (NO_ENV,) + env_names())
+    if not env.active:
+      return
+    if ro.engine != "builtin":
+      raise bad("config.rollout.engine", ro.engine, f"env.name={env.name!r} samples its episodes with the built-in "
+                "engine only: use 'builtin' (or env.name='none')")
+    if ro.overlap:
+      raise bad("config.rollout.overlap", ro.overlap, f"env.name={env.name!r}: episodes are sampled in the step, "
+                "not in the background yet: use overlap=False")
+    if self.teacher.enabled:
+      raise bad("config.teacher.source", self.teacher.source, f"env.name={env.name!r}: a teacher does not read "
+                "episodes yet (it would not see the environment's tokens): use 'none'")
+    if ro.record_topk:
+      raise bad("config.rollout.record_topk", ro.record_topk, f"env.name={env.name!r}: episodes record no top-k "
+                "of mu yet (Score Centering's top-k form): use 0")
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -3,7 +3,7 @@
 Each `configs/<method>.py` calls `get_config(method)` and may change a few
 values. Every key is declared once, with its unit and meaning: here, or, for
 the sections whose dataclass carries its own defaults (`checkpoint`,
-`teacher`, `guard`, `objective`, `rollout.mismatch`, `rollout.server`), in that
+`teacher`, `guard`, `env`, `env.tools`, `objective`, `rollout.mismatch`, `rollout.server`), in that
 dataclass, from which the block is built (tests/training/test_config_keys.py
 checks that no key is declared twice).
 The returned ConfigDict is locked, so a misspelled key (in a file or on the
@@ -19,6 +19,8 @@ from __future__ import annotations
 import ml_collections
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
+from jaxrl_llm.envs.config import EnvConfig
+from jaxrl_llm.envs.pool import ToolLimits
 from jaxrl_llm.sampling.config import ServerConfig
 from jaxrl_llm.sampling.mismatch import SamplerMismatch
 from jaxrl_llm.teacher.config import TeacherConfig
@@ -27,12 +29,14 @@ from jaxrl_llm.training.guards import GuardConfig
 
 def section_block(cls) -> ml_collections.ConfigDict:
   """A config section with the fields and defaults of the dataclass `cls`
-  (the dataclass documents each field)."""
+  (the dataclass documents each field). A field whose default is itself a
+  section dataclass (env.tools) is left out: its own `section_block` fills it."""
   import dataclasses
 
   block = ml_collections.ConfigDict()
   for f in dataclasses.fields(cls):
-    block[f.name] = f.default
+    if not dataclasses.is_dataclass(f.default):
+      block[f.name] = f.default
   return block
 
 
@@ -76,6 +80,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.task.max_number = 9  # countdown: numbers drawn from [1, max_number]; word_problems: operands from [2, max_number]
   c.task.eval_fraction = 0.2  # share of the problem space (or of the file's rows) held out for eval
   c.task.n_train = 20000  # examples in the training pool (built-in tasks; files use every row)
+  c.task.tool_demos = False  # arithmetic: the warm start's right demonstrations call the calculator in the tag format (<calc>47+68</calc><result>115</result>115; env.name=calculator, env.call_format=tags); the wrong ones answer without it
 
   c.data = ml_collections.ConfigDict()
   c.data.path = ""  # task.name=file: training rows, .jsonl or .parquet
@@ -83,7 +88,11 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.data.prompt_key = "prompt"  # row key of the prompt text (a user message for the chat template)
   c.data.answer_key = "answer"  # row key of the reference answer given to the verifier
   c.data.tag_key = ""  # row key of the task tag (teacher.route_by_tag); "": every row is tagged "file"
-  c.data.reward = "auto"  # auto (the task's own) or a reward of tasks/registry.py: arithmetic | countdown | math_verify
+  c.data.reward = "auto"  # auto (the task's own) or a reward of tasks/registry.py: arithmetic | countdown | math_verify; model: the reward model data.reward_model (the task's own verifier stays the gold accuracy)
+  c.data.reward_model = ""  # data.reward=model: a reward model's workdir (python -m jaxrl_llm.reward_model), newest step; "": none
+  c.data.reward_model_weight = 1.0  # data.reward=model: w_rm in R = w_rm * norm(r_rm) + w_v * r_verifier (reward_model/rl_reward.py; InstructGPT's KL in the reward: objective.kl_placement=reward)
+  c.data.verifier_weight = 0.0  # data.reward=model: w_v, the verifier's (task's own) reward mixed in; 0: the reward model alone
+  c.data.reward_norm = "none"  # data.reward=model: norm(r_rm): none | running (mean/std of every score so far, checkpointed) | group (mean/std of the prompt's G samples)
   c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
   c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
   c.data.reward_workers = 0  # reward worker processes; 0 scores in the trainer process
@@ -129,6 +138,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.rollout.top_k = 0  # sample from the k most likely tokens; 0 disables
   c.rollout.top_p = 1.0  # nucleus sampling mass; 1 disables
   c.rollout.sampler_dtype = "float32"  # float32 | bfloat16: a lower-precision sampler makes mu != pi_prox
+  c.rollout.sampler_sharding = "fsdp"  # built-in engine: fsdp (sample with the params as the trainer splits them: every forward all-gathers the fsdp-split weights, once per decode step) | tensor (at each sync gather them over fsdp into a copy in sampler_dtype split over tensor only: one all-gather per step, more memory; the layout for fsdp meshes on TPU, docs/tpu.md)
   c.rollout.staleness = 0  # k: step s samples with the params step s-k started from (PipelineRL-k; k updates ago with one update per step); 0 is on-policy
   c.rollout.overlap = False  # generate the next k = staleness steps' batches in the background while step s updates (a queue of depth k >= 1; the same samples as the synchronous run with that staleness; training/async_rollout.py)
   c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
@@ -136,8 +146,16 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   # noise, noise_seed, each documented in sampling/mismatch.py (SamplerMismatch).
   c.rollout.mismatch = section_block(SamplerMismatch)
   # External engine 'openai' (sampling/openai_engine.py: an OpenAI-compatible completions server, llama.cpp's):
-  # url, model, command, export, sync, sync_every, ..., each documented in sampling/config.py (ServerConfig).
+  # url, model, command, export, sync, sync_every, ..., the check of every sync (sync_check, sync_check_tol,
+  # sync_timeout_s), each documented in sampling/config.py (ServerConfig).
   c.rollout.server = section_block(ServerConfig)
+
+  # ---- multi-turn episodes with tools: jaxrl_llm/envs/config.py documents each key ----
+  # env.name = "none": single-turn samples (every run before environments, unchanged). Otherwise each
+  # sample is an episode of that environment (training/episodes.py): turns of at most env.max_turn_tokens,
+  # env.max_tokens after the opening prompt in all, tools run under env.tools' limits.
+  c.env = section_block(EnvConfig)
+  c.env.tools = section_block(ToolLimits)  # one tool call's limits, each documented in jaxrl_llm/envs/pool.py
 
   # ---- filters and reward shaping ---------------------------------------------
   c.filters = ml_collections.ConfigDict()

@@ -24,10 +24,15 @@ Arrays (.npz):
                                 lambda lambda_A_W C (float32)
   flag_<key>_KBR                the loss's mask / clip flags per pass (bool; key's "/" written "__")
   ext_<extension>__<name>       an extension's `token_diagnostics()` ([B, R] or [B])
+  context_BR, turn_BR           multi-turn episodes only: every response token (the policy's and the
+                                environment's observations; sampled_BR is the policy's) and its turn
+
+An episode's observation tokens are in tokens_BR and context_BR but not in sampled_BR or
+loss_mask_BR: every factor of the loss is 0 there (the inspector shows them greyed).
 
 The JSON holds the run's name, method and config summary (objective knobs,
-rollout, train, filters, teacher), the step's metrics, the texts, and the
-text of every token id that occurs.
+rollout, train, filters, teacher, env), the step's metrics, the texts, the
+episodes' statuses, and the text of every token id that occurs.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ def _summary(cfg, extensions) -> dict:
          "seed": cfg.seed, "model": dataclasses.asdict(cfg.model)}
   if any(ext.name == "teacher" for ext in extensions):
     out["teacher"] = dataclasses.asdict(cfg.teacher)
+  if cfg.env.active:
+    out["env"] = dataclasses.asdict(cfg.env)
   return out
 
 
@@ -130,6 +137,9 @@ def step_arrays(ctx, sb, batch, factors_KBR: dict) -> dict:
   for ext in ctx.extensions:
     for name, value in ext.token_diagnostics().items():
       arrays[f"ext_{ext.name}{FLAG_SEP}{name}"] = np.asarray(value)
+  if samples.episodic:
+    arrays["context_BR"] = np.asarray(samples.context_BR, bool)
+    arrays["turn_BR"] = np.asarray(samples.turn_BR, np.int32)
   return arrays
 
 
@@ -139,7 +149,7 @@ def write_step(ctx, step: int, sb, batch, recorder: FactorRecorder, metrics: dic
   samples, prox_recomputed = sb.samples, cfg.prox.forward
   factors = recorder.stacked()
   arrays = step_arrays(ctx, sb, batch, factors)
-  ids = np.unique(np.asarray(samples.tokens_BR)[np.asarray(samples.mask_BR, bool)])
+  ids = np.unique(np.asarray(samples.tokens_BR)[np.asarray(samples.context_BR, bool)])
   info = {
       "run_name": cfg.run_name, "method": cfg.method, "config": _summary(cfg, ctx.extensions),
       "extensions": [ext.name for ext in ctx.extensions], "passes": recorder.n_passes,
@@ -150,4 +160,6 @@ def write_step(ctx, step: int, sb, batch, recorder: FactorRecorder, metrics: dic
       "tags": list(samples.tags), "pieces": {str(int(i)): _piece(ctx.tokenizer, int(i)) for i in ids},
       "metrics": {k: _number(v) for k, v in sorted(metrics.items())},
   }
+  if samples.episodic:
+    info["statuses"] = list(samples.statuses)
   return token_dump.write_dump(ctx.workdir, step, arrays, info)

@@ -3,6 +3,8 @@
 The trainer's start and end evaluations and `python -m jaxrl_llm.evaluate`
 both run `Evaluator`, so the greedy accuracy of a run's final checkpoint
 equals the `eval_accuracy_end` the run logged: same batches, padding and key.
+A run with an environment (`env` section) is evaluated on whole episodes, as
+it trains: each example one episode (greedy turns), scored by its reward parts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from jaxrl_llm import faults
 from jaxrl_llm.sampling.config import RolloutConfig
 from jaxrl_llm.sampling.engine import sample_batch
 from jaxrl_llm.tasks.pipeline import encode_prompts
+from jaxrl_llm.training.score import episode_rewards
 
 SAMPLE_KEY_SEED = 1  # PRNG seed of the sampled answers (greedy needs none)
 
@@ -30,6 +33,23 @@ class Evaluator:
   chat_template: bool
   batch_sharding: object = None
   pad_to: int = 1  # batches are a multiple of this (the mesh's batch shards)
+  episodes: object = None  # training/episodes.EpisodePlayer: each example is an episode of the run's environment
+
+  def _sample(self, params, pb, chunk, scfg, key):
+    """The samples of a chunk of examples (`pb` their PromptBatch): single-turn, or episodes, each
+    example's n_samples consecutive."""
+    if self.episodes is None:
+      return sample_batch(params, self.model_cfg, pb, scfg, key, self.tokenizer, self.batch_sharding)
+    mesh = self.batch_sharding.mesh if self.batch_sharding is not None else None
+    rows = [ex for ex in chunk for _ in range(scfg.n_samples)]
+    return self.episodes.play(params, self.model_cfg, rows, scfg, key, mesh=mesh)
+
+  def _score(self, smp, keep: int):
+    """RewardBatch-like (reward_B, correct_B) of the first `keep` samples."""
+    if smp.episodic:
+      return episode_rewards(smp.reward_parts[:keep], self.episodes.format_weight)
+    rb = self.runner(smp.prompts[:keep], smp.responses[:keep], smp.answers[:keep])
+    return rb.reward_B, rb.correct_B
 
   def _batches(self, examples, batch_size: int):
     """(padded example chunk, number of real examples) of `batch_size` rows, one compiled shape."""
@@ -46,10 +66,10 @@ class Evaluator:
     for chunk, n_real in self._batches(examples, batch_size):
       faults.point("eval")
       pb = encode_prompts(self.tokenizer, chunk, self.max_prompt_len, self.chat_template)
-      smp = sample_batch(params, self.model_cfg, pb, scfg, jax.random.key(0), self.tokenizer, self.batch_sharding)
-      rb = self.runner(smp.prompts[:n_real], smp.responses[:n_real], smp.answers[:n_real])
-      cols["correct"].append(rb.correct_B)
-      cols["reward"].append(rb.reward_B)
+      smp = self._sample(params, pb, chunk, scfg, jax.random.key(0))
+      reward_B, correct_B = self._score(smp, n_real)
+      cols["correct"].append(correct_B)
+      cols["reward"].append(reward_B)
       cols["length"].append(smp.length_B[:n_real])
       cols["truncated"].append(smp.truncated_B[:n_real])
     c = {k: np.concatenate(v) for k, v in cols.items()}
@@ -69,9 +89,8 @@ class Evaluator:
     rows = []
     for i, (chunk, n_real) in enumerate(self._batches(examples, batch_prompts)):
       pb = encode_prompts(self.tokenizer, chunk, self.max_prompt_len, self.chat_template)
-      smp = sample_batch(params, self.model_cfg, pb, scfg, jax.random.fold_in(key, i), self.tokenizer,
-                         self.batch_sharding)
+      smp = self._sample(params, pb, chunk, scfg, jax.random.fold_in(key, i))
       keep = n_real * n_samples
-      rb = self.runner(smp.prompts[:keep], smp.responses[:keep], smp.answers[:keep])
-      rows.append(rb.correct_B.reshape(n_real, n_samples))
+      _, correct_B = self._score(smp, keep)
+      rows.append(correct_B.reshape(n_real, n_samples))
     return np.concatenate(rows)

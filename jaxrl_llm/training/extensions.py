@@ -13,10 +13,12 @@ from typing import Any
 
 from jaxrl_llm.extension import Extension
 from jaxrl_llm.teacher.extension import TeacherExtension
+from jaxrl_llm.training import model_reward
 
 # (section, enabled(section) -> bool, factory(section) -> Extension)
 CONFIG_EXTENSIONS: tuple[tuple[str, Callable[[Any], bool], Callable[[Any], Extension]], ...] = (
     ("teacher", lambda section: section.enabled, TeacherExtension),
+    ("data", model_reward.enabled, model_reward.RewardModelExtension),  # data.reward=model
 )
 
 

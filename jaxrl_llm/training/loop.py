@@ -36,6 +36,7 @@ from jaxrl_llm.training.async_rollout import AsyncRollouts
 from jaxrl_llm.training.batch import init_value_head
 from jaxrl_llm.training.config import RunConfig
 from jaxrl_llm.training.context import StepContext, snapshot
+from jaxrl_llm.training.episodes import EpisodeEngine, episode_player
 from jaxrl_llm.training.evaluation import Evaluator
 from jaxrl_llm.training.extensions import extensions_for
 from jaxrl_llm.training.guards import SignalGuard
@@ -100,11 +101,7 @@ class Trainer:
     cfg = data.cfg  # data.max_prompt_len resolved
     self.data, self.mesh, self.batch_sharding = data, data.mesh, data.batch_sharding
     shards = data.batch_shards
-    for name, size in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
-                       ("train.micro_batch_size (or the mini-batch)", cfg.micro_batch_size)):
-      if size % shards:
-        raise ConfigError(f"config.{name}={size} must be a multiple of the {shards} batch shards of the mesh "
-                          f"(mesh.data x mesh.fsdp)")
+    setup.check_batch_shards(cfg, shards)
     self.extensions: tuple[Extension, ...] = tuple(extensions) + extensions_for(cfg)
     names = [e.name for e in self.extensions]
     if len(set(names)) != len(names):
@@ -118,6 +115,9 @@ class Trainer:
                                    max_prompt_len=cfg.data.max_prompt_len, seed=cfg.seed,
                                    chat_template=cfg.data.chat_template)
     self.sampling_cfg = cfg.rollout.sampling(self.tokenizer)
+    # With an environment: what plays its episodes (and owns the tool workers), for the rollouts and
+    # the evaluations (training/episodes.py); None for single-turn samples.
+    self.episodes = episode_player(cfg, self.task, self.tokenizer)
     self.hooks: list[StepHook] = []
 
     tr = cfg.train
@@ -134,7 +134,7 @@ class Trainer:
   # ---- views -------------------------------------------------------------------------
   @property
   def evaluator(self) -> Evaluator:
-    return dataclasses.replace(self.data, cfg=self.cfg).evaluator(self.model_cfg, self.runner)
+    return dataclasses.replace(self.data, cfg=self.cfg).evaluator(self.model_cfg, self.runner, self.episodes)
 
   def extension(self, name: str) -> Extension:
     """The extension called `name` (an error naming the ones there are)."""
@@ -203,6 +203,8 @@ class Trainer:
     if self.engine is None:
       self.engine = make_engine(self.cfg.rollout.engine, model_cfg=self.model_cfg, sampling_cfg=self.sampling_cfg,
                                 tokenizer=self.tokenizer, batch_sharding=self.batch_sharding, run_cfg=self.cfg)
+      if self.episodes is not None:  # each sample an episode of the environment (training/episodes.py)
+        self.engine = EpisodeEngine(self.engine, self.episodes)
     return self.engine
 
   def make_updater(self, state: TrainState) -> Updater:
@@ -254,10 +256,14 @@ class Trainer:
   def run(self, state: TrainState | None = None) -> dict:
     """The whole run: preflight, warm start (or restore), RL steps, end evaluation, summary."""
     t_start = time.time()
-    state, ckpt, start = self._begin(state)
-    state, history = self._rl_steps(state, ckpt, list(start.history))
-    ckpt.finish(state, history[-1] if history else None)
-    ev_end = self.evaluate(state)
+    try:
+      state, ckpt, start = self._begin(state)
+      state, history = self._rl_steps(state, ckpt, list(start.history))
+      ckpt.finish(state, history[-1] if history else None)
+      ev_end = self.evaluate(state)
+    finally:
+      if self.episodes is not None:  # the tool workers: the last evaluation was their last use
+        self.episodes.close()
     self.log(f"eval (greedy, {ev_end['n']} held-out): accuracy {ev_end['accuracy']:.3f}")
     summary = self._summary(state, start, ev_end, history, time.time() - t_start)
     write_summary(self.workdir, summary)

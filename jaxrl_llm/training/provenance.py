@@ -28,7 +28,9 @@ HISTORY_FILE = "config_history.jsonl"
 # logs, how often it saves or evaluates, how many processes score rewards, which
 # steps it dumps (a dumped step's update is the same, tests/training/test_dump_inspect.py).
 RESULT_NEUTRAL = ("name", "workdir_root", "log.progress", "log.every", "log.dump_steps", "data.reward_workers",
-                  "eval.every", "checkpoint.", "rollout.overlap")  # overlap: when batches are made, not what they are
+                  "eval.every", "checkpoint.", "rollout.overlap",  # overlap: when batches are made, not what they are
+                  # whether a sync is verified, and how long it may take: a step passes or fails, never differs
+                  "rollout.server.sync_check", "rollout.server.sync_check_tol", "rollout.server.sync_timeout_s")
 
 
 def upgrade(saved: dict) -> dict:

@@ -20,9 +20,11 @@ from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, value_head
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "temperature", "impl", "with_values"))
-def _chunk(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, model_cfg, temperature, impl,
-           with_values):
-  lp = response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR,
+def _chunk(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, *, model_cfg, temperature,
+           impl, with_values):
+  # The forward reads every response token (context_BR: an episode's observations too); log-probs and
+  # values are kept on the sampled tokens (mask_BR) only.
+  lp = response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, context_BR,
                          temperature=temperature, impl=impl)
   logp_BR = jnp.where(mask_BR, lp.logp_BR, 0.0)
   values_BR = value_head(vparams, lp.hidden_BRD) if with_values else jnp.zeros_like(logp_BR)
@@ -42,9 +44,12 @@ class RecomputeSpec:
 
 
 def _row_chunks(rows, chunk: int, sharding):
-  """(prompt_BP, prompt_mask_BP, tokens_BR, mask_BR) of `rows` (a RolloutBatch or anything with those
-  fields), `chunk` rows at a time, placed with `sharding`."""
-  arrays = (rows.prompt_BP, rows.prompt_mask_BP, rows.tokens_BR, rows.mask_BR)
+  """(prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR) of `rows` (a RolloutBatch or anything
+  with those fields; context_BR, the tokens the forward reads, is mask_BR where it has none), `chunk`
+  rows at a time, placed with `sharding`."""
+  context_BR = getattr(rows, "context_BR", None)
+  arrays = (rows.prompt_BP, rows.prompt_mask_BP, rows.tokens_BR,
+            rows.mask_BR if context_BR is None else context_BR, rows.mask_BR)
   for s in range(0, rows.tokens_BR.shape[0], chunk):
     args = tuple(a[s:s + chunk] for a in arrays)
     yield jax.device_put(args, sharding) if sharding is not None else args
@@ -62,8 +67,9 @@ def policy_logprobs(params, rows, spec: RecomputeSpec, *, vparams=None, with_val
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg",))
-def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, *, model_cfg):
-  return response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR)
+def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, *, model_cfg):
+  del mask_BR  # the hidden states of every response token; the update reads the sampled ones
+  return response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, context_BR)
 
 
 def behaviour_hidden(sampler_params, sampling_cfg, rows, spec: RecomputeSpec,

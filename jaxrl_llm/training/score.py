@@ -79,12 +79,32 @@ class Scores:
   timed_out_B: np.ndarray  # bool [B] the reward function hung past its timeout
 
 
-def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, max_len: int) -> Scores:
-  rb = runner(samples.prompts, samples.responses, samples.answers)
-  shaped = rb.reward_B + soft_overlong_penalty(samples.length_B, max_len, filters.overlong_buffer,
-                                               filters.overlong_penalty)
-  return Scores(reward_B=shaped.astype(np.float32), correct_B=rb.correct_B, failed_B=rb.failed_B,
-                timed_out_B=rb.timed_out_B)
+def episode_rewards(reward_parts, format_weight: float) -> tuple[np.ndarray, np.ndarray]:
+  """(reward_B, correct_B) of episodes from their reward parts (envs/base.py: each part summed over
+  the episode's steps). An episode's reward, the R_i its advantage is computed from (one per episode,
+  docs/objectives.md section 6: the A of the master equation is that episode-level advantage on
+  every token the policy sampled in it), is the sum of its parts, the "format" part weighted by
+  `data.format_weight` as the verifier's format bonus is; its accuracy is its "correct" part (the
+  reward when there is none)."""
+  reward = np.asarray([sum(v * (format_weight if k == "format" else 1.0) for k, v in p.items())
+                       for p in reward_parts], np.float32)
+  correct = np.asarray([p.get("correct", r) for p, r in zip(reward_parts, reward)], np.float32)
+  return reward, correct
+
+
+def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, max_len: int,
+          format_weight: float = 0.0) -> Scores:
+  """What each sample earns: the verifier `runner` on its response, or an episode's own reward parts
+  (`episode_rewards`, format part weighted by `format_weight`); plus the soft overlong penalty."""
+  if samples.episodic:
+    reward_B, correct_B = episode_rewards(samples.reward_parts, format_weight)
+    failed_B = timed_out_B = np.zeros(reward_B.shape, bool)  # a verifier's failure scores its episode 0
+  else:
+    rb = runner(samples.prompts, samples.responses, samples.answers)
+    reward_B, correct_B, failed_B, timed_out_B = rb.reward_B, rb.correct_B, rb.failed_B, rb.timed_out_B
+  shaped = reward_B + soft_overlong_penalty(samples.length_B, max_len, filters.overlong_buffer,
+                                            filters.overlong_penalty)
+  return Scores(reward_B=shaped.astype(np.float32), correct_B=correct_B, failed_B=failed_B, timed_out_B=timed_out_B)
 
 
 def concat_scores(parts: list[Scores]) -> Scores:

@@ -86,27 +86,37 @@ def _sft_loss(params, model_cfg, impl, prompt_BP, prompt_mask_BP, resp_BR, resp_
   return -jnp.sum(lp.logp_BR * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def run_sft(params, model_cfg, examples: list[Example], tokenizer, plan: SFTPlan, *, mesh, log=print):
-  """Returns (params, {'sft_loss_start', 'sft_loss_end', 'sft_time_s'})."""
-  steps, lr, warmup_steps, impl = plan.steps, plan.lr, plan.warmup_steps, plan.impl
-  if steps == 0:
-    return params, {"sft_steps": 0}
-  tx = adamw(warmup_schedule(lr, warmup_steps, steps, decay_to=0.1), b1=0.9, b2=0.99,
-             weight_decay=0.0, clip_norm=1.0)
-  opt_state = sharding_lib.onto_mesh(tx.init(params), mesh)
-  p_shard = jax.tree.map(lambda a: a.sharding, params)
-  o_shard = jax.tree.map(lambda a: a.sharding, opt_state)
-  b_shard = sharding_lib.batch_sharding(mesh, ndim=1)
+def sft_optimizer(plan: SFTPlan):
+  """The warm start's AdamW: warmup, then decay to a tenth of `plan.lr` over its steps."""
+  return adamw(warmup_schedule(plan.lr, plan.warmup_steps, plan.steps, decay_to=0.1), b1=0.9, b2=0.99,
+               weight_decay=0.0, clip_norm=1.0)
 
-  @functools.partial(jax.jit, in_shardings=(p_shard, o_shard, b_shard, b_shard, b_shard, b_shard),
-                     out_shardings=(p_shard, o_shard, None), donate_argnums=(0, 1))
+
+def sft_step(model_cfg, impl: str, tx, param_shardings, opt_shardings, batch_sharding):
+  """The jitted SFT step (params, opt_state, prompt_BP, prompt_mask_BP, resp_BR, resp_mask_BR) ->
+  (params, opt_state, loss); params and opt_state are donated."""
+  b = batch_sharding
+
+  @functools.partial(jax.jit, in_shardings=(param_shardings, opt_shardings, b, b, b, b),
+                     out_shardings=(param_shardings, opt_shardings, None), donate_argnums=(0, 1))
   def step(params, opt_state, prompt_BP, prompt_mask_BP, resp_BR, resp_mask_BR):
-    # params and opt_state are donated: the old copies are dead after the update.
     loss, grads = jax.value_and_grad(_sft_loss)(params, model_cfg, impl, prompt_BP, prompt_mask_BP,
                                                 resp_BR, resp_mask_BR)
     params, opt_state, _, _ = guarded_update(tx, grads, opt_state, params, loss)
     return params, opt_state, loss
 
+  return step
+
+
+def run_sft(params, model_cfg, examples: list[Example], tokenizer, plan: SFTPlan, *, mesh, log=print):
+  """Returns (params, {'sft_loss_start', 'sft_loss_end', 'sft_time_s'})."""
+  steps, impl = plan.steps, plan.impl
+  if steps == 0:
+    return params, {"sft_steps": 0}
+  tx = sft_optimizer(plan)
+  opt_state = sharding_lib.onto_mesh(tx.init(params), mesh)
+  step = sft_step(model_cfg, impl, tx, jax.tree.map(lambda a: a.sharding, params),
+                  jax.tree.map(lambda a: a.sharding, opt_state), sharding_lib.batch_sharding(mesh, ndim=1))
   rng = np.random.default_rng(plan.seed)
   t0, losses = time.time(), []
   for i in range(steps):

@@ -27,6 +27,7 @@ from jaxrl_llm.sampling.mismatch import mismatch_metrics
 from jaxrl_llm.training import dump as dump_lib
 from jaxrl_llm.training.batch import TrainBatch
 from jaxrl_llm.training.context import StepContext, snapshot
+from jaxrl_llm.training.episodes import episode_metrics
 from jaxrl_llm.training.metrics import mean_over_updates
 from jaxrl_llm.training.recompute import RecomputeSpec, behaviour_head, behaviour_hidden, policy_logprobs
 from jaxrl_llm.training.score import (Scores, choose_groups, concat_scores, informative_groups, overlong_keep, score,
@@ -93,19 +94,32 @@ class _Rounds:
   rollout_s: float  # seconds in engine.generate, all rounds
   score_s: float  # seconds scoring, all rounds
   data_state: dict  # the pipeline's position after the last round
+  ext_stats: dict = dataclasses.field(default_factory=dict)  # the extensions' score_rewards metrics, first round
 
 
-def _sample_rounds(ctx: StepContext, key, first: Generated) -> _Rounds:
+def _rescored(ctx: StepContext, state: TrainState, smp: RolloutBatch, scores: Scores) -> tuple[Scores, dict]:
+  """`scores` after each extension's `score_rewards` (a reward model's reward), and their metrics."""
+  stats = {}
+  for ext in ctx.extensions:
+    scores, ext_stats = ext.score_rewards(state, smp, scores)
+    stats.update(ext_stats)
+  return scores, stats
+
+
+def _sample_rounds(ctx: StepContext, key, first: Generated, state: TrainState | None = None) -> _Rounds:
   """Scores `first`, then samples more rounds until the batch is full of informative groups
   (dynamic sampling) or the refill budget is spent."""
   cfg = ctx.cfg
   G, n_prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-  parts_s, parts_r, rounds, t_score = [], [], 0, 0.0
+  parts_s, parts_r, rounds, t_score, ext_stats = [], [], 0, 0.0, {}
   smp, t_roll, data_state = first.samples, first.rollout_s, first.data_state
   while True:
     t1 = time.time()
     parts_s.append(smp)
-    parts_r.append(score(smp, ctx.runner, cfg.filters, cfg.rollout.max_response_len))
+    r, r_stats = _rescored(ctx, state, smp, score(smp, ctx.runner, cfg.filters, cfg.response_len,
+                                                     cfg.data.format_weight))
+    parts_r.append(r)
+    ext_stats = ext_stats if rounds else r_stats
     t_score += time.time() - t1
     if not cfg.filters.dynamic_sampling:
       break
@@ -117,7 +131,7 @@ def _sample_rounds(ctx: StepContext, key, first: Generated) -> _Rounds:
     t_roll += dt
     data_state = copy.deepcopy(ctx.pipeline.get_state())
   return _Rounds(samples=parts_s, scores=parts_r, refills=rounds, rollout_s=t_roll, score_s=t_score,
-                 data_state=data_state)
+                 data_state=data_state, ext_stats=ext_stats)
 
 
 def _reward_stats(first: RolloutBatch, first_r: Scores, G: int) -> dict:
@@ -142,10 +156,11 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
   step = int(state.step)
   if first is None:
     first = generate_step(ctx, step, state.sampler_params(), key)
-  rounds = _sample_rounds(ctx, key, first)
+  rounds = _sample_rounds(ctx, key, first, state)
   samples, scores = RolloutBatch.concat(rounds.samples), concat_scores(rounds.scores)
   first_s, first_r = rounds.samples[0], rounds.scores[0]
   stats = _reward_stats(first_s, first_r, G)
+  stats.update(rounds.ext_stats)
   stats.update({"reward/failed": scores.failed_B.sum(), "reward/timed_out": scores.timed_out_B.sum(),
                 "response/length_mean": first_s.length_B.mean(),
                 "response/truncated_frac": first_s.truncated_B.mean(),
@@ -163,6 +178,8 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
   if rounds.refills and hasattr(ctx.engine, "metrics"):  # refilled here: the counters after the last round
     engine_stats = dict(ctx.engine.metrics())
   stats.update(engine_stats)
+  if samples.episodic:  # every episode the step ran, the refill rounds' too
+    stats.update(episode_metrics(samples))
   if cfg.filters.dynamic_sampling:
     rows, keep = choose_groups(scores.reward_B, G, n_prompts)
     samples, scores = samples.select(rows), select_scores(scores, rows)
@@ -182,7 +199,10 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
   cfg, obj = ctx.cfg, ctx.cfg.objective
   samples, scores, keep_B = sb.samples, sb.scores, sb.keep_B
   t0 = time.time()
+  # The loss's tokens: those the policy sampled (an episode's observations are context only, in
+  # context_BR), in the rows that stay in the loss.
   mask_BR = samples.mask_BR & keep_B[:, None]
+  context_BR = samples.context_BR & keep_B[:, None]
   B, R = mask_BR.shape
   zeros = np.zeros((B, R), np.float32)
   spec = RecomputeSpec(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
@@ -229,7 +249,7 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
       mask_BR=mask_BR, behav_logp_BR=samples.behav_logp_BR, prox_logp_BR=prox_logp, ref_logp_BR=ref_logp,
       adv_BR=adv_BR, returns_BR=returns_BR, old_values_BR=values, topk_ids_BRK=samples.topk_ids_BRK,
       topk_logp_BRK=samples.topk_logp_BRK, behav_hidden_BRD=behav_hidden,
-      extra_BR=extra_BR)
+      extra_BR=extra_BR, context_BR=context_BR)
   return batch, stats
 
 

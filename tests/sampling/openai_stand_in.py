@@ -1,7 +1,8 @@
 """The `openai` engine's test fixtures: the tiny model and tokenizer, a bigram stand-in
 server (fake_openai_server.py), prompts, sampling and engine settings. Shared by
-test_openai_engine.py (requests, answers, failures, start-time checks) and
-test_openai_engine_sync.py (weight sync, the server process, the trainer).
+test_openai_engine.py (requests, answers, failures, start-time checks),
+test_openai_engine_sync.py (weight sync, the server process, the trainer) and
+test_openai_sync_check.py (the check of every sync).
 """
 
 import os
@@ -17,6 +18,7 @@ from jaxrl_llm.sampling.openai_engine import OpenAIEngine
 from jaxrl_llm.tasks.pipeline import PromptBatch
 
 sys.path.insert(0, os.path.dirname(__file__))
+import numpy_llama  # noqa: E402
 from fake_openai_server import FakeServer  # noqa: E402
 
 FAKE = os.path.join(os.path.dirname(__file__), "fake_openai_server.py")
@@ -59,6 +61,12 @@ def server():
   srv = FakeServer(bigram(), eos_ids=(TOK.eos_id,), encode=TOK.encode).start()
   yield srv
   srv.stop()
+
+
+def hf_scorer(path: str):
+  """The stand-in's raw logits after a prefix from the Hugging Face checkpoint at `path` (FakeServer.load)."""
+  model = numpy_llama.from_hf(path)
+  return lambda prefix: numpy_llama.llama_logits(model, prefix)
 
 
 def engine(srv, scfg=None, **kw) -> OpenAIEngine:

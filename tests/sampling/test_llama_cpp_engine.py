@@ -20,6 +20,8 @@ test_openai_engine.py's stand-in server.
 (b) RL steps through the engine, a new export and restart every step;
 (c) a Q4_0 export: log c = log pi_prox - log mu is far from 0;
 (d) the server killed mid-rollout: restarted, no sample lost;
+(e) the check of every sync: llama.cpp's /props names the file it loaded, its probe log-probs are the
+    trainer's within each export type's tolerance, and another policy's are not;
 bad input: a server with another vocabulary (SmolLM2's), a sampler name llama.cpp ignores (caught by
 comparing the settings it reports having applied).
 """
@@ -47,6 +49,8 @@ from jaxrl_llm.sampling.generate import generate
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine, make_openai_engine
 from jaxrl_llm.sampling.processors import process_logits
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
+from jaxrl_llm.sampling.sync_check import SYNC_TOLERANCE, Deadline, SyncCheckFailed
+from jaxrl_llm.sampling.weight_sync import Exported
 from jaxrl_llm.tasks.pipeline import PromptBatch
 from jaxrl_llm.training.recompute import RecomputeSpec, policy_logprobs
 
@@ -253,6 +257,29 @@ def test_killed_server_is_restarted_and_no_sample_is_lost():
     assert np.abs(log_c).max() < 1e-3
   finally:
     eng.close()
+
+
+def test_each_export_passes_the_sync_check_and_another_policy_fails_it():
+  cfg = ModelConfig.tiny(V, init_std=0.1)  # a scale inside what the tolerances were measured on
+  params, other = init_params(cfg, jax.random.key(0)), init_params(cfg, jax.random.key(1))
+  gaps = {}
+  for export in ("f32", "f16", "q8_0", "q4_0"):
+    s = ServerConfig(command=COMMAND, sync="restart", export=export, timeout_s=60.0, wait_s=60.0, concurrency=1)
+    eng = make_openai_engine(model_cfg=cfg, sampling_cfg=sampling(), tokenizer=TOK, settings=s, ctx_per_slot=64)
+    try:
+      eng.sync(params, 0)  # restarted on policy-v0.<export>.gguf, verified
+      m = eng.metrics()
+      assert m["engine/sync_version"] == 0.0 and m["engine/sync_check_failures"] == 0.0
+      gaps[export] = m["engine/sync_probe_max_abs_dlogp"]
+      assert gaps[export] < SYNC_TOLERANCE[export]
+      if export == "f32":  # the server's file, checked against another policy's log-probs: refused
+        served = eng.weight_sync.current
+        with pytest.raises(SyncCheckFailed, match=rf"reports serving it \({served}\), but its log-probs"):
+          eng.verify(other, Exported(path=served, version=0, tag=served, export_s=0.0), Deadline(60.0, 0))
+    finally:
+      eng.close()
+  print("sync check, max |delta log p| on the probe:", {k: f"{v:.2e}" for k, v in gaps.items()})
+  assert gaps["f32"] < 1e-4
 
 
 def test_a_server_with_another_vocabulary_is_refused(tmp_path):

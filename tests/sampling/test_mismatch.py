@@ -160,7 +160,8 @@ def test_rollout_config_validates_the_mismatch_keys():
   from jaxrl_llm.training.config import from_config_dict
 
   base = dict(engine="builtin", prompts_per_step=2, group_size=2, max_response_len=4, temperature=1.0, top_k=0,
-              top_p=1.0, sampler_dtype="float32", staleness=0, overlap=False, record_topk=0)
+              top_p=1.0, sampler_dtype="float32", sampler_sharding="fsdp", staleness=0, overlap=False,
+              record_topk=0)
   ok = RolloutConfig(**base, mismatch=mm.SamplerMismatch(quant="int4", quant_group=16, noise=0.01, noise_seed=3))
   assert ok.mismatch.active and ok.mismatched and not RolloutConfig(**base).mismatched
   assert RolloutConfig(**dict(base, staleness=1)).mismatched
@@ -245,3 +246,37 @@ def test_a_resume_with_another_mismatch_is_refused():
   a = provenance.plain_config(from_config_dict(shrink(load_config("icepop"))))
   b = provenance.plain_config(from_config_dict(shrink(load_config("icepop"), **{"rollout.mismatch.quant": "int8"})))
   assert provenance.result_changes(a, b) == {"rollout.mismatch.quant": ("none", "int8")}
+
+
+@pytest.mark.slow
+def test_sampler_sharding_tensor_holds_a_gathered_copy_and_samples_the_same():
+  """rollout.sampler_sharding='tensor' on an fsdp x tensor mesh of 8 CPU devices: the engine's copy is
+  split over tensor only (each device holds 1/tensor of every weight), in the sampler's dtype, and it
+  samples the tokens the trainer-layout sampler samples, log mu to f32 rounding."""
+  from jaxrl_llm.model.sharding import MeshConfig, batch_sharding, init_sharded_params, make_mesh
+  from jaxrl_llm.model.tokenizer import CharTokenizer
+  from jaxrl_llm.sampling.config import SamplingConfig
+  from jaxrl_llm.sampling.engine import JaxSampler
+  from jaxrl_llm.tasks.pipeline import PromptBatch
+
+  tok = CharTokenizer()
+  mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
+  cfg = ModelConfig.tiny(vocab_size=tok.vocab_size + (-tok.vocab_size) % 2, d_model=32, n_layers=2, n_heads=2,
+                         n_kv_heads=2, d_ff=64)
+  params = init_sharded_params(cfg, jax.random.key(1), mesh)
+  scfg = SamplingConfig(max_new_tokens=5, n_samples=2, eos_ids=(tok.eos_id,))
+  prompts = PromptBatch(tokens_BP=np.array([[2, 10, 11]] * 4, np.int32) + np.arange(4)[:, None],
+                        mask_BP=np.ones((4, 3), bool), prompts=("a",) * 4, answers=("",) * 4, tags=("t",) * 4)
+  rows = batch_sharding(mesh, 1)
+  out = {}
+  for layout in ("fsdp", "tensor"):
+    eng = JaxSampler(model_cfg=cfg, sampling_cfg=scfg, tokenizer=tok, batch_sharding=rows, sharding=layout)
+    eng.sync(params, 0)
+    if layout == "tensor":
+      w = eng.params["layers"]["w_up_LDF"]
+      assert w.sharding.spec[1] is None  # D: no longer split over fsdp
+      assert w.addressable_shards[0].data.size == w.size // 2  # F split over tensor = 2
+    out[layout] = eng.generate(prompts, jax.random.key(3))
+  np.testing.assert_array_equal(out["tensor"].tokens_BR, out["fsdp"].tokens_BR)
+  np.testing.assert_allclose(np.asarray(out["tensor"].behav_logp_BR), np.asarray(out["fsdp"].behav_logp_BR),
+                             atol=1e-5)

@@ -22,7 +22,7 @@ from jaxrl_llm.sampling.weight_sync import SGLangDiskSync
 sys.path.insert(0, os.path.dirname(__file__))
 from openai_stand_in import (  # noqa: E402
     FAKE, MODEL, TOK, V, bigram,
-    engine, prompts, sampling, server, settings)
+    engine, hf_scorer, prompts, sampling, server, settings)
 
 
 # ---- weights: the server process the engine starts, and the SGLang hook ------------------
@@ -52,6 +52,10 @@ def test_sync_exports_restarts_and_versions_the_samples(tmp_path):
     p2 = init_params(MODEL, jax.random.key(2))
     eng.sync(p2, 2)
     assert eng.process.proc.pid != pid and eng.process.model_path.endswith("policy-v2.f32.gguf")
+    # verified: the server reports the new file, and scores the probe with it as the trainer does p2
+    m = eng.metrics()
+    assert m["engine/sync_version"] == 2.0 and m["engine/sync_probe_max_abs_dlogp"] < 1e-5
+    assert m["engine/sync_check_failures"] == 0.0 and m["engine/sync_timeouts"] == 0.0
     second = eng.generate(prompts(), jax.random.key(0))
     assert (second.version_B == 2).all()
     # the stand-in samples from the exported embedding: new weights, other answers for the same seeds
@@ -181,11 +185,12 @@ def test_a_tokenizer_the_export_cannot_write_is_refused_before_any_sync():
 
 
 def test_sglang_hook_writes_a_checkpoint_and_asks_the_server_to_load_it(server, tmp_path):
+  server.load = hf_scorer  # the stand-in serves the checkpoint it loads (the sync check scores it)
   eng = OpenAIEngine(model_cfg=MODEL, sampling_cfg=sampling(), tokenizer=TOK,
                      settings=settings(server.url, sync="sglang"),
                      weight_sync=SGLangDiskSync(model_cfg=MODEL, out_dir=str(tmp_path / "w")))
   eng.sync(init_params(MODEL, jax.random.key(0)), 3)
-  assert server.loaded == [str(tmp_path / "w" / "policy-v3")]
+  assert server.loaded == [str(tmp_path / "w" / "policy-v3")] and server.weight_version == "3"
   assert os.path.isfile(tmp_path / "w" / "policy-v3" / "config.json")
   assert (eng.generate(prompts(), jax.random.key(0)).version_B == 3).all()
 

@@ -240,11 +240,11 @@ def test_every_old_key_has_a_new_home():
 def test_an_old_workdir_config_reads_into_the_new_run_config(tmp_path):
   from jaxrl_llm.evaluate import load_run_config
   from jaxrl_llm.training.config import from_config_dict
-  from jaxrl_llm.training.provenance import plain_config, upgrade
+  from jaxrl_llm.training.provenance import complete, plain_config
 
   cfg, old = _old_and_new()
   (tmp_path / "config.json").write_text(json.dumps(old, indent=2))
-  for read in (from_config_dict(upgrade(old)), load_run_config(str(tmp_path))):
+  for read in (from_config_dict(complete(old)), load_run_config(str(tmp_path))):
     assert read.rollout == cfg.rollout and plain_config(read) == plain_config(cfg)
   ro = cfg.rollout
   assert (ro.overlap, ro.mismatch.quant_group, ro.mismatch.noise_seed, ro.server.sync_every) == (True, 64, 5, 2)

@@ -1,0 +1,166 @@
+"""Entry point: `python -m jaxrl_llm.compile --config=configs/gspo.py --topology=v5p:4x4x4
+[--model=qwen3_8b | --model=path/to/config.json] [--config.some.key=value ...] [--out=DIR]`.
+
+Compiles every program of the run the config describes (the sampler's
+prefill and decode loop, the recomputes, the update, the SFT warm start, the
+evaluation) with the real TPU compiler for the devices of a TPU topology,
+from this machine, without a TPU (libtpu: `pip install -e ".[tpu-aot]"`),
+and prints per program its HBM per chip against the chip's, its roofline
+forecast and the RL step's seconds, tokens/s per chip and MFU
+(jaxrl_llm/tpu/). `--out` writes plan.json and plan.md there. A program that
+does not fit ends the run with status 1 and one line naming it, what it
+needs, what the chip has and what to change. The run is built as `train`
+builds it: the mesh of `mesh.*` over the topology's chips, the model from
+the config (or `--model`: a preset of model/config.py or a Hugging Face
+config.json, shapes only, no weights), the method, the batch shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+# Compiling for a topology uses no TPU of this machine: jax's own backend stays the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxrl_llm import cli  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/<method>.py file", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "a TPU topology (v5e:2x4, v5p:4x4x4, ...) or accelerator type "
+                                "(v5e-8, v5p-64)")
+_MODEL = flags.DEFINE_string("model", "", "a model preset (model/config.py MODEL_PRESETS: qwen3_8b, ...) or a "
+                             "Hugging Face config.json (or its folder); default: the config's model")
+_OUT = flags.DEFINE_string("out", "", "a directory for plan.json and plan.md")
+_NO_FORECAST = flags.DEFINE_bool("fit_only", False, "compile the run's programs only (memory, kernels, "
+                                 "collectives), not the cost probes of the forecast")
+cli.define_debug_flag()
+
+
+def model_config(cfg, model: str, tokenizer):
+  """The run's ModelConfig: `model` (a preset name or an HF config.json / folder) or the config's own."""
+  from jaxrl_llm.checks import ConfigError
+  from jaxrl_llm.model.config import MODEL_PRESETS, ModelConfig
+  from jaxrl_llm.model.hf_config import config_from_hf
+
+  m = cfg.model
+  numerics = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
+                  remat=m.remat if m.remat != "auto" else "full")  # a real model: "auto" is "full"
+  if model in MODEL_PRESETS:
+    return ModelConfig.preset(model, **numerics)
+  path = model or m.hf_path
+  if path:
+    if os.path.isdir(path):
+      path = os.path.join(path, "config.json")
+    if not os.path.isfile(path):
+      raise ConfigError(f"--model={model!r}: neither a preset ({', '.join(MODEL_PRESETS)}) nor a config.json")
+    with open(path) as f:
+      return config_from_hf(json.load(f), **numerics)
+  return m.build(tokenizer.vocab_size)
+
+
+def build_shapes(cfg, model: str, devices):
+  """The run as `Trainer` builds it, as shapes over `devices` -> tpu.programs.RunShapes."""
+  from jaxrl_llm.model import sharding as sharding_lib
+  from jaxrl_llm.tpu.programs import EVAL_BATCH, RunShapes
+  from jaxrl_llm.training import setup
+  from jaxrl_llm.training.config import AUTO_MICRO_BATCH_TOKENS
+  from jaxrl_llm.training.optim import adamw, warmup_schedule
+
+  hf_path = cfg.model.hf_path
+  if model:  # the shapes come from --model: the config's checkpoint folder is not read
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=""))
+  data = setup.run_data(cfg, devices)
+  cfg = data.cfg
+  setup.check_batch_shards(cfg, data.batch_shards)
+  if model and not cfg.train.micro_batch_tokens:  # a real model's token budget, as for a checkpoint
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_tokens=AUTO_MICRO_BATCH_TOKENS))
+  cfg = cfg.with_micro_batch(cfg.data.max_prompt_len, data.batch_shards)
+  if model and hf_path:
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=hf_path))
+  model_cfg = model_config(cfg, model, data.tokenizer)
+  sharding_lib.check_divisible(model_cfg, data.mesh)
+  tr = cfg.train
+  tx = adamw(warmup_schedule(tr.lr, tr.warmup_steps, tr.steps * tr.epochs * tr.mini_batches,
+                             decay_to=tr.lr_decay_to), b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay,
+             clip_norm=tr.clip_norm)
+  vtx = adamw(warmup_schedule(tr.value_lr, tr.warmup_steps), b1=tr.b1, b2=tr.b2, weight_decay=0.0,
+              clip_norm=tr.clip_norm)
+  shards = data.batch_shards
+  eval_rows = -(-min(EVAL_BATCH, len(data.eval_examples)) // shards) * shards
+  return RunShapes(cfg=cfg, model_cfg=model_cfg, mesh=data.mesh, sampling=cfg.rollout.sampling(data.tokenizer),
+                   eval_sampling=cfg.rollout.sampling(data.tokenizer, greedy=True), tx=tx, vtx=vtx,
+                   eval_rows=eval_rows)
+
+
+def plan(cfg, topology: str, model: str = "", *, probes: bool = True, log=print):
+  """-> (head, reports, step summary, chip) of `cfg` compiled for `topology`."""
+  import jax
+
+  from jaxrl_llm.checks import ConfigError
+  from jaxrl_llm.model import param_shapes
+  from jaxrl_llm.tpu import forecast
+  from jaxrl_llm.tpu.chips import chip_for
+  from jaxrl_llm.tpu.programs import run_programs
+  from jaxrl_llm.tpu.topology import topology_devices
+
+  devices, topo = topology_devices(topology)
+  chip = chip_for(devices[0].device_kind)
+  if chip is None:
+    raise ConfigError(f"--topology={topology!r}: its chips ({devices[0].device_kind}) are not in "
+                      "jaxrl_llm/tpu/chips.py's table")
+  shapes = build_shapes(cfg, model, devices)
+  mc, c = shapes.model_cfg, shapes.cfg
+  head = {"topology": topo, "chips": len(devices), "hosts": len({d.process_index for d in devices}),
+          "mesh": "x".join(f"{k} {v}" for k, v in shapes.mesh.shape.items()),
+          "model": model or (os.path.basename(c.model.hf_path.rstrip("/")) if c.model.hf_path else "config's model"),
+          "method": c.run_name, "prompts": c.rollout.prompts_per_step, "group": c.rollout.group_size,
+          "prompt_len": shapes.prompt_len, "response_len": shapes.response_len,
+          "micro_batch": c.micro_batch_size, "kernels_impl": c.kernels.impl,
+          "dtypes": f"params {mc.param_dtype}, compute {mc.compute_dtype}, remat {mc.remat}",
+          "params": sum(int(x.size) for x in jax.tree.leaves(param_shapes(mc)))}
+  log(f"{head['model']}: {head['params'] / 1e9:.2f} B params; {topo}: {len(devices)} chips "
+      f"({chip.generation}), {head['hosts']} hosts; mesh {head['mesh']}")
+  reports = forecast.forecast_programs(shapes, run_programs(shapes), chip, probes=probes, log=log)
+  return head, reports, forecast.step_summary(reports, shapes, chip), chip
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  from jaxrl_llm.checks import ConfigError
+  from jaxrl_llm.tpu import report
+  from jaxrl_llm.training.config import from_config_dict
+
+  if _CONFIG.value is None:
+    raise app.UsageError("--config=configs/<method>.py is required")
+  if not _TOPOLOGY.value:
+    raise ConfigError("--topology is required: a TPU topology such as v5e:2x4 or v5p:4x4x4, or an accelerator "
+                      "type such as v5p-64")
+  cfg = from_config_dict(_CONFIG.value)
+  t0 = time.time()
+  head, reports, step, chip = plan(cfg, _TOPOLOGY.value, _MODEL.value, probes=not _NO_FORECAST.value)
+  head["compile_s"] = round(time.time() - t0, 1)
+  md = report.plan_markdown(head, reports, step, chip)
+  print(md)
+  if _OUT.value:
+    os.makedirs(_OUT.value, exist_ok=True)
+    with open(os.path.join(_OUT.value, "plan.json"), "w") as f:
+      json.dump(report.as_json(head, reports, step, chip), f, indent=1)
+    with open(os.path.join(_OUT.value, "plan.md"), "w") as f:
+      f.write(md + "\n")
+    print(f"wrote {os.path.join(_OUT.value, 'plan.json')} and plan.md")
+  bad = report.misfits(reports, head)
+  for line in bad:
+    print(f"error: {line}", file=sys.stderr)
+  if bad:
+    raise SystemExit(1)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,50 @@
+"""Entry point: `python -m jaxrl_llm.reward_model --config=configs/reward_model.py
+[--config.some.key=value ...] [--workdir=DIR]`.
+
+Trains a reward model from preference pairs (training/reward_loop.py): the
+config is validated and every pair read before any workdir exists; a bad
+value or row ends with one `error:` line and exit status 2. The run ends
+with <workdir>/summary.json and, with `export`, <workdir>/hf.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxrl_llm import cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/reward_model.py", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory; default <workdir_root>/<name>-<UTC time>")
+_ALLOW_CHANGE = flags.DEFINE_bool("allow_config_change", False, "resume a workdir whose saved config differs in "
+                                  "result-changing keys (the change is recorded in config_history.jsonl)")
+cli.define_debug_flag()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
+  from jaxrl_llm.reward_model.config import reward_config_from_dict
+  from jaxrl_llm.training.reward_loop import RewardModelRun
+
+  if _CONFIG.value is None:
+    raise app.UsageError("--config=configs/reward_model.py is required")
+  cfg = reward_config_from_dict(_CONFIG.value)
+  workdir = _WORKDIR.value or os.path.join(cfg.workdir_root,
+                                           f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+  run = RewardModelRun(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value)  # reads every pair: errors first
+  print(f"reward model {cfg.name} -> {workdir}")
+  summary = run.run()
+  print(json.dumps(summary, indent=2))
+  print(f"held-out pairwise accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
+        f"(ECE {summary['eval_ece_end']:.3f}) in {summary['run_time_s']:.0f} s; summary: "
+        f"{os.path.join(workdir, 'summary.json')}")
+
+
+if __name__ == "__main__":
+  cli.run(main)

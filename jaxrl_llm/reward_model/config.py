@@ -1,0 +1,167 @@
+"""The reward-model run's config as frozen, validated dataclasses.
+
+`reward_config_from_dict` converts the locked ConfigDict of `configs/reward_model.py`
+(keys, defaults and their meaning: reward_model/defaults.py) once; the model,
+mesh and checkpoint sections are the RL run's own dataclasses, and a `.gguf`
+model.hf_path or init_checkpoint is replaced by its converted directory. Every check
+names the field, its value and what is allowed (jaxrl_llm/checks.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxrl_llm.checkpointing.config import CheckpointConfig
+from jaxrl_llm.checks import ConfigError, bad, check_bool, check_float, check_int, check_keys
+from jaxrl_llm.model.config import ModelSpec
+from jaxrl_llm.model.gguf_io import resolve_model_path
+from jaxrl_llm.model.sharding import MeshConfig
+from jaxrl_llm.tasks.arithmetic import OPS
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceDataConfig:
+  path: str
+  eval_path: str
+  eval_fraction: float
+  chat_template: bool
+  max_len: int
+  n_train: int
+  n_eval: int
+  digits: int
+  digits2: int
+  ops: str
+  label_noise: float
+
+  def __post_init__(self):
+    for f in ("path", "eval_path", "ops"):
+      if not isinstance(getattr(self, f), str):
+        raise bad(f"config.data.{f}", getattr(self, f), "a string")
+    if self.eval_path and not self.path:
+      raise bad("config.data.eval_path", self.eval_path, "needs data.path (the training rows) as well")
+    check_float("config.data.eval_fraction", self.eval_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    check_bool("config.data.chat_template", self.chat_template)
+    check_int("config.data.max_len", self.max_len, 0)
+    check_int("config.data.n_train", self.n_train, 1)
+    check_int("config.data.n_eval", self.n_eval, 1)
+    check_int("config.data.digits", self.digits, 1, 9)
+    check_int("config.data.digits2", self.digits2, 0, 9)
+    if not self.ops or any(o not in OPS for o in self.ops):
+      raise bad("config.data.ops", self.ops, f"a non-empty subset of {''.join(OPS)!r}")
+    check_float("config.data.label_noise", self.label_noise, 0.0, 1.0)
+    if self.label_noise and self.path:
+      raise bad("config.data.label_noise", self.label_noise, "swaps pairs of the built-in set only: 0 with data.path")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardTrainConfig:
+  steps: int
+  batch_size: int
+  lr: float
+  warmup_steps: int
+  lr_decay_to: float
+  weight_decay: float
+  b1: float
+  b2: float
+  clip_norm: float
+  margin: float
+  center_coef: float
+
+  def __post_init__(self):
+    check_int("config.train.steps", self.steps, 0)
+    check_int("config.train.batch_size", self.batch_size, 1)
+    check_float("config.train.lr", self.lr, 0.0, 1.0, low_open=True)
+    check_int("config.train.warmup_steps", self.warmup_steps, 0)
+    check_float("config.train.lr_decay_to", self.lr_decay_to, 0.0, 1.0)
+    check_float("config.train.weight_decay", self.weight_decay, 0.0, 10.0)
+    check_float("config.train.b1", self.b1, 0.0, 1.0)
+    check_float("config.train.b2", self.b2, 0.0, 1.0)
+    check_float("config.train.clip_norm", self.clip_norm, 0.0)
+    check_float("config.train.margin", self.margin)
+    check_float("config.train.center_coef", self.center_coef, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardEvalConfig:
+  every: int
+
+  def __post_init__(self):
+    check_int("config.eval.every", self.every, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardLogConfig:
+  every: int
+
+  def __post_init__(self):
+    check_int("config.log.every", self.every, 1)
+
+
+REWARD_SECTIONS: dict[str, type] = {
+    "data": PreferenceDataConfig,
+    "model": ModelSpec,  # model/config.py
+    "mesh": MeshConfig,  # model/sharding.py
+    "train": RewardTrainConfig,
+    "eval": RewardEvalConfig,
+    "log": RewardLogConfig,
+    "checkpoint": CheckpointConfig,  # checkpointing/config.py
+}
+REWARD_TOP_KEYS = ("name", "seed", "workdir_root", "init_checkpoint", "export")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelConfig:
+  name: str  # the run's name (console, summary, default workdir)
+  seed: int
+  workdir_root: str
+  init_checkpoint: str  # the trunk's params from a run's workdir or a HF directory; "": fresh (or model.hf_path)
+  export: bool  # write <workdir>/hf, a Hugging Face sequence-classification folder, at the end
+  data: PreferenceDataConfig
+  model: ModelSpec
+  mesh: MeshConfig
+  train: RewardTrainConfig
+  eval: RewardEvalConfig
+  log: RewardLogConfig
+  checkpoint: CheckpointConfig
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name:
+      raise bad("config.name", self.name, "a non-empty string")
+    check_int("config.seed", self.seed, 0)
+    if not isinstance(self.init_checkpoint, str):
+      raise bad("config.init_checkpoint", self.init_checkpoint, "a path (a run's workdir or a HF directory) or ''")
+    check_bool("config.export", self.export)
+
+  @property
+  def run_name(self) -> str:
+    return self.name
+
+  @property
+  def builtin(self) -> bool:
+    """The built-in arithmetic pairs (no data.path)."""
+    return not self.data.path
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def _section(name: str, cls: type, block: dict):
+  check_keys(f"config.{name}", block, [f.name for f in dataclasses.fields(cls)])
+  try:
+    return cls(**block)
+  except ConfigError as e:
+    if "config." in str(e):
+      raise
+    raise type(e)(f"config.{name}: {e}") from None  # a library class's field name: say which section
+
+
+def reward_config_from_dict(cd) -> RewardModelConfig:
+  """The locked ConfigDict of configs/reward_model.py (or its dict) as a RewardModelConfig."""
+  d = cd.to_dict() if hasattr(cd, "to_dict") else dict(cd)
+  check_keys("config", d, set(REWARD_SECTIONS) | set(REWARD_TOP_KEYS))
+  cfg = RewardModelConfig(**{k: d[k] for k in REWARD_TOP_KEYS},
+                          **{name: _section(name, cls, d[name]) for name, cls in REWARD_SECTIONS.items()})
+  # A .gguf checkpoint -> the Hugging Face directory converted from it (model/gguf_io.py), as the RL run does.
+  hf_path = resolve_model_path(cfg.model.hf_path, field="config.model.hf_path", chat_template=cfg.data.chat_template)
+  init = resolve_model_path(cfg.init_checkpoint, field="config.init_checkpoint")
+  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=hf_path), init_checkpoint=init)

@@ -1,0 +1,334 @@
+"""The jitted programs of one run, as shapes over a topology's devices: what `jaxrl_llm.compile` compiles.
+
+`run_programs(plan)` returns every program a run of the config compiles,
+built from the functions the trainer itself runs (nothing is copied):
+
+| program | function | calls per RL step |
+|---|---|---|
+| rollout/prefill | sampling.loop.prefill | 1 (dynamic sampling's refills not counted) |
+| rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
+| recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
+| update | training.update.Updater | epochs x mini-batches |
+| sft | training.sft.sft_step | none (the warm start: sft.steps of them) |
+| eval/prefill, eval/decode | the greedy sampler of evaluation.Evaluator | none (start and end of a run) |
+
+Each program lowers from ShapeDtypeStructs carrying the run's shardings over
+the mesh of `mesh.*` on the topology's devices, under that mesh as the
+abstract mesh in context, as the trainer steps: so `kernels.impl=auto` picks
+the Mosaic kernels for a TPU topology (kernels/target.py).
+
+A program's `lower(model_cfg, params, loop)` takes the model config, the
+params as shapes (stacked [L, ...] as the run holds them, or unstacked: the
+cost probes of tpu/forecast.py unroll the layers) and the count of its one
+loop (update: micro-batches; decode: the cache length of one step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxrl_llm import model as model_lib
+from jaxrl_llm.model import sharding as sharding_lib
+from jaxrl_llm.sampling import loop as sampler_loop
+from jaxrl_llm.sampling.generate import sampler_model_config
+from jaxrl_llm.training import recompute as recompute_lib
+from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch, init_value_head
+from jaxrl_llm.training.sft import sft_optimizer, sft_plan, sft_step
+from jaxrl_llm.training.update import UpdateSpec, UpdateState, make_updater
+
+EVAL_BATCH = 256  # Evaluator.greedy_outcomes' batch
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShapes:
+  """The run config's (after `with_micro_batch`) and model's shapes, on a mesh."""
+
+  cfg: Any  # training.config.RunConfig, data.max_prompt_len and train.micro_batch_size resolved
+  model_cfg: model_lib.ModelConfig
+  mesh: jax.sharding.Mesh
+  sampling: Any  # sampling.config.SamplingConfig of the rollouts
+  eval_sampling: Any  # the greedy evaluation's
+  tx: Any  # the policy's optax transformation
+  vtx: Any  # the value head's
+  eval_rows: int  # rows of one evaluation batch
+
+  @property
+  def prompt_len(self) -> int:
+    return self.cfg.data.max_prompt_len
+
+  @property
+  def response_len(self) -> int:
+    return self.cfg.rollout.max_response_len
+
+  @property
+  def rows(self) -> int:
+    """Samples per RL step (prompts x group)."""
+    return self.cfg.rollout.batch_size
+
+  @property
+  def n_micro(self) -> int:
+    return self.cfg.mini_batch_size // self.cfg.micro_batch_size
+
+  @property
+  def recomputes(self) -> int:
+    """Forward passes over the step's rows before the updates: pi_prox (training/prox.py), pi_ref."""
+    cfg = self.cfg
+    return int(cfg.prox.forward) + int(cfg.objective.needs_ref or cfg.log.kl_to_ref)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One jitted program of a run. `lower(model_cfg, params, loop)` lowers it for a model config and
+  params as shapes (stacked or unstacked) with `loop` iterations of its one loop; decode programs
+  lower from their prefill's state instead (`lower_decode`, `lower_decode_step`)."""
+
+  name: str
+  kind: str  # "prefill", "decode" (follows the prefill before it), "plain" or "update" (a micro-batch loop)
+  lower: Callable[[model_lib.ModelConfig, Any, int], Any] | None
+  loop: int  # the run's micro-batches (update), else 1
+  calls_per_step: float  # runs per RL step; 0: outside the RL steps (warm start, evaluation)
+  note: str = ""
+  sampling: Any = None  # prefill / decode: the SamplingConfig
+  rows: int = 0  # prefill / decode: prompts in (the decode's rows are rows x n_samples)
+  params_view: Callable[[Any], Any] | None = None  # params shapes -> the program's copy (the sampler's layout)
+
+
+# ---------------------------------------------------------------- shapes with shardings
+
+
+def sds(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
+  dtype = dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else jnp.dtype(dtype)
+  return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def with_shardings(shapes, shardings):
+  return jax.tree.map(lambda s, sh: sds(s.shape, s.dtype, sh), shapes, shardings)
+
+
+def param_sds(model_cfg, mesh, *, unstacked: bool = False):
+  """The params as shapes in their shardings; `unstacked`: "layers" as a tuple of per-layer dicts
+  (model.unstack_layers' form, whose forward runs the layers unrolled)."""
+  params = with_shardings(model_lib.param_shapes(model_cfg), sharding_lib.param_shardings(model_cfg, mesh))
+  if not unstacked:
+    return params
+
+  def layer(x):  # drop the leading (replicated) layer axis of shape and spec
+    return sds(x.shape[1:], x.dtype, NamedSharding(mesh, P(*x.sharding.spec[1:])))
+
+  one = {name.replace("_L", "_", 1): layer(x) for name, x in params["layers"].items()}
+  return {**params, "layers": (one,) * model_cfg.n_layers}
+
+
+def opt_sds(tx, params, mesh):
+  """optax state of `params` as shapes: each param's moments sharded like it, counters replicated."""
+  shapes = jax.eval_shape(tx.init, params)
+  shardings = optax.tree_map_params(tx, lambda _, p: p.sharding, shapes, params,
+                                    transform_non_params=lambda _: sharding_lib.replicated(mesh))
+  return with_shardings(shapes, shardings)
+
+
+def bytes_per_chip(tree) -> int:
+  """Bytes one chip holds of a tree of sharded shapes."""
+  return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def _rows(mesh, shape, dtype):
+  """An array whose leading axis is the batch (over data x fsdp)."""
+  return sds(shape, dtype, sharding_lib.batch_sharding(mesh, len(shape)))
+
+
+def _key(mesh):
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  return sds(key.shape, key.dtype, sharding_lib.replicated(mesh))
+
+
+# ---------------------------------------------------------------- the programs
+
+
+def _in_mesh(fn):
+  """Lowers under the run's mesh as the abstract mesh, as the trainer's steps run."""
+  @functools.wraps(fn)
+  def lower(shapes: RunShapes, *args):
+    with jax.sharding.use_abstract_mesh(shapes.mesh.abstract_mesh):
+      return fn(shapes, *args)
+  return lower
+
+
+def _prompts(shapes: RunShapes, rows: int):
+  return _rows(shapes.mesh, (rows, shapes.prompt_len), jnp.int32), _rows(shapes.mesh, (rows, shapes.prompt_len),
+                                                                           jnp.bool_)
+
+
+@_in_mesh
+def lower_prefill(shapes: RunShapes, scfg, rows: int, model_cfg, params, cache_len: int):
+  tokens, mask = _prompts(shapes, rows)
+  return sampler_loop.prefill.lower(params, tokens, mask, _key(shapes.mesh),
+                                    model_cfg=sampler_model_config(model_cfg, scfg), cfg=scfg, cache_len=cache_len,
+                                    mesh=shapes.mesh, data_axis=sharding_lib.BATCH_AXES)
+
+
+def decode_state(shapes: RunShapes, scfg, rows: int, model_cfg, params, cache_len: int):
+  """The decode loop's input state as shapes, in the shardings the compiled prefill gives it."""
+  compiled = lower_prefill(shapes, scfg, rows, model_cfg, params, cache_len).compile()
+  return with_shardings(compiled.out_info, compiled.output_shardings)
+
+
+@_in_mesh
+def lower_decode(shapes: RunShapes, scfg, model_cfg, params, state):
+  return sampler_loop.decode.lower(params, state, model_cfg=sampler_model_config(model_cfg, scfg), cfg=scfg,
+                                   prompt_len=shapes.prompt_len, mesh=shapes.mesh, data_axis=sharding_lib.BATCH_AXES)
+
+
+@_in_mesh
+def lower_decode_step(shapes: RunShapes, scfg, model_cfg, params, state):
+  """One iteration of the decode loop (`loop.decode_step`) on unstacked params in the sampler's dtype."""
+  run_cfg = sampler_model_config(model_cfg, scfg)
+  step = jax.jit(functools.partial(sampler_loop.decode_step, model_cfg=run_cfg, cfg=scfg, mesh=shapes.mesh,
+                                   data_axis=sharding_lib.BATCH_AXES), donate_argnums=(1,))
+  if scfg.dtype is not None:  # as the loop holds them: cast once, before it
+    params = jax.tree.map(lambda x: sds(x.shape, scfg.dtype, x.sharding) if jnp.issubdtype(x.dtype, jnp.floating)
+                          else x, params)
+  return step.lower(params, state)
+
+
+def resized(state, cache_len: int):
+  """A decode state's shapes with the KV cache cut or padded to `cache_len` slots (`KVCache.resize`)."""
+  def fix(path, x):
+    names = [getattr(k, "name", getattr(k, "key", None)) for k in path]
+    if "cache" in names and x.ndim >= 2 and names[-1] != "index":
+      axis = {"k_BKHS": 3, "v_BKSH": 2, "mask_BS": 1, "positions_BS": 1}[next(n for n in names if n in (
+          "k_BKHS", "v_BKSH", "mask_BS", "positions_BS"))]
+      shape = list(x.shape)
+      shape[axis] = cache_len
+      return sds(shape, x.dtype, x.sharding)
+    return x
+  return jax.tree_util.tree_map_with_path(fix, state)
+
+
+def _value_sds(shapes: RunShapes):
+  vshapes = jax.eval_shape(lambda: init_value_head(shapes.model_cfg.d_model, jax.random.key(0)))
+  return with_shardings(vshapes, jax.tree.map(lambda _: sharding_lib.replicated(shapes.mesh), vshapes))
+
+
+@_in_mesh
+def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int):
+  cfg, m = shapes.cfg, shapes.mesh
+  P_, R = shapes.prompt_len, shapes.response_len
+  # (prompt, its mask, response tokens, the tokens attended, the sampled ones: recompute._chunk's rows)
+  args = (_rows(m, (rows, P_), jnp.int32), _rows(m, (rows, P_), jnp.bool_), _rows(m, (rows, R), jnp.int32),
+          _rows(m, (rows, R), jnp.bool_), _rows(m, (rows, R), jnp.bool_))
+  return recompute_lib._chunk.lower(  # pylint: disable=protected-access
+      params, _value_sds(shapes), *args, model_cfg=model_cfg, temperature=cfg.rollout.temperature,
+      impl=cfg.kernels.impl, with_values=cfg.use_value)
+
+
+def train_batch(shapes: RunShapes, rows: int) -> TrainBatch:
+  """The update's mini-batch as shapes: rows over data x fsdp."""
+  cfg, m, mc = shapes.cfg, shapes.mesh, shapes.model_cfg
+  obj = cfg.objective
+  P_, R = shapes.prompt_len, shapes.response_len
+  K = cfg.rollout.record_topk if obj.needs_centering else 0
+  D = mc.d_model if obj.needs_token_kl else 0
+  hidden_dtype = shapes.sampling.dtype or mc.compute_dtype
+  f = lambda *shape: _rows(m, shape, jnp.float32)  # noqa: E731
+  return TrainBatch(
+      prompt_BP=_rows(m, (rows, P_), jnp.int32), prompt_mask_BP=_rows(m, (rows, P_), jnp.bool_),
+      tokens_BR=_rows(m, (rows, R), jnp.int32), mask_BR=_rows(m, (rows, R), jnp.bool_), behav_logp_BR=f(rows, R),
+      prox_logp_BR=f(rows, R), ref_logp_BR=f(rows, R), adv_BR=f(rows, R), returns_BR=f(rows, R),
+      old_values_BR=f(rows, R), topk_ids_BRK=_rows(m, (rows, R, K), jnp.int32), topk_logp_BRK=f(rows, R, K),
+      behav_hidden_BRD=_rows(m, (rows, R, D), hidden_dtype), extra_BR={})
+
+
+@_in_mesh
+def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
+  """The update (training/update.py's Updater, as Trainer.make_updater builds it) on n_micro
+  micro-batches of the run's micro-batch size."""
+  cfg, m = shapes.cfg, shapes.mesh
+  vparams = _value_sds(shapes)
+  state = UpdateState(params=params, opt_state=opt_sds(shapes.tx, params, m), value_params=vparams,
+                      value_opt_state=opt_sds(shapes.vtx, vparams, m))
+  spec = UpdateSpec(model_cfg=model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
+                    n_micro=n_micro, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
+                    use_value=cfg.use_value, prox_source=cfg.prox.source)
+  updater = make_updater(spec, shapes.tx, shapes.vtx, state, sharding_lib.batch_sharding(m),
+                         sharding_lib.replicated(m))
+  aux = {}
+  if cfg.objective.needs_token_kl:  # TRM: the sampler's head, split over vocab like the policy's
+    head = model_lib.lm_head(params, model_cfg)
+    aux[AUX_BEHAV_HEAD] = sds(head.shape, shapes.sampling.dtype or head.dtype, sharding_lib.head_sharding(m))
+  return updater.lower(state, train_batch(shapes, cfg.micro_batch_size * n_micro), aux)
+
+
+@_in_mesh
+def lower_sft(shapes: RunShapes, model_cfg, params, rows: int):
+  cfg, m = shapes.cfg, shapes.mesh
+  tx = sft_optimizer(sft_plan(cfg))
+  opt = opt_sds(tx, params, m)
+  b = sharding_lib.batch_sharding(m, ndim=1)
+  step = sft_step(model_cfg, cfg.kernels.impl, tx, jax.tree.map(lambda x: x.sharding, params),
+                  jax.tree.map(lambda x: x.sharding, opt), b)
+  P_, R = shapes.prompt_len, shapes.response_len
+  return step.lower(params, opt, _rows(m, (rows, P_), jnp.int32), _rows(m, (rows, P_), jnp.bool_),
+                    _rows(m, (rows, R), jnp.int32), _rows(m, (rows, R), jnp.bool_))
+
+
+def sampler_copy(scfg, params):
+  """The params as the built-in sampler holds them under rollout.sampler_sharding='tensor'
+  (sampling/engine.py's sampler_gather): in the sampler's dtype, not split over fsdp. Works on the
+  stacked and the unstacked form (only "fsdp" leaves the specs)."""
+  def view(x):
+    spec = [None if a == "fsdp" else tuple(b for b in a if b != "fsdp") or None if isinstance(a, tuple) else a
+            for a in x.sharding.spec]
+    dtype = scfg.dtype if scfg.dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+    return sds(x.shape, dtype, NamedSharding(x.sharding.mesh, P(*spec)))
+  return jax.tree.map(view, params)
+
+
+@_in_mesh
+def lower_sampler_gather(shapes: RunShapes, scfg, params):
+  """The sync of rollout.sampler_sharding='tensor': cast and gather over fsdp into the sampler's copy."""
+  out = jax.tree.map(lambda x: x.sharding, sampler_copy(scfg, params))
+  return jax.jit(lambda p: sampler_loop.cast_params(p, scfg.dtype), out_shardings=out).lower(params)
+
+
+def run_programs(shapes: RunShapes) -> list[Program]:
+  """Every program of a run of `shapes.cfg`, in the order a step meets them."""
+  cfg = shapes.cfg
+  B, G, chunk = shapes.rows, cfg.rollout.group_size, cfg.micro_batch_size
+  scfg, ecfg, E = shapes.sampling, shapes.eval_sampling, shapes.eval_rows
+  P_ = shapes.prompt_len
+
+  def prefill(sc, rows):
+    return lambda mc, p, _: lower_prefill(shapes, sc, rows, mc, p, sc.cache_slots(P_))
+
+  out, view = [], None
+  if cfg.rollout.sampler_sharding == "tensor":
+    out.append(Program("rollout/sync", "plain", lambda mc, p, _: lower_sampler_gather(shapes, scfg, p), 1, 1.0,
+                       "the sampler's copy: cast and gathered over fsdp"))
+    view = functools.partial(sampler_copy, scfg)
+  out += [Program("rollout/prefill", "prefill", prefill(scfg, B // G), 1, 1.0, f"{B // G} prompts", scfg, B // G,
+                  view),
+          Program("rollout/decode", "decode", None, 1, 1.0,
+                  f"{B} rows; forecast: every row decodes max_response_len tokens", scfg, B // G, view)]
+  if shapes.recomputes:
+    what = "+".join(n for n, on in (("pi_prox", cfg.prox.forward),
+                                    ("pi_ref", cfg.objective.needs_ref or cfg.log.kl_to_ref)) if on)
+    out.append(Program("recompute", "plain", lambda mc, p, _: lower_recompute(shapes, mc, p, chunk), 1,
+                       shapes.recomputes * (B // chunk), f"{what}: {B // chunk} chunks of {chunk} rows each"))
+  out.append(Program("update", "update", lambda mc, p, n: lower_update(shapes, mc, p, n), shapes.n_micro,
+                     cfg.train.epochs * cfg.train.mini_batches, f"{shapes.n_micro} micro-batches of {chunk} rows"))
+  if cfg.sft.steps:
+    out.append(Program("sft", "plain", lambda mc, p, _: lower_sft(shapes, mc, p, cfg.sft.batch_size), 1, 0.0,
+                       f"warm start: {cfg.sft.steps} steps of {cfg.sft.batch_size} rows"))
+  out += [Program("eval/prefill", "prefill", prefill(ecfg, E), 1, 0.0, f"greedy, {E} rows", ecfg, E),
+          Program("eval/decode", "decode", None, 1, 0.0, f"greedy, {E} rows", ecfg, E)]
+  return out

@@ -1,0 +1,66 @@
+"""The compile-only run's report: JSON for scripts, a markdown table for people, one line per misfit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxrl_llm.tpu.chips import Chip
+from jaxrl_llm.tpu.forecast import ProgramReport
+
+GIB = 1 << 30
+
+
+def as_json(head: dict, reports: list[ProgramReport], step: dict, chip: Chip) -> dict:
+  return {**head, "chip": dataclasses.asdict(chip), "step": step,
+          "programs": [{**dataclasses.asdict(r), "fits": r.fits, "total_bytes": r.total_bytes, "mfu": r.mfu,
+                        "hbm_roofline_ratio": r.hbm_roofline_ratio}
+                       for r in reports],
+          "label": "compiler forecast (XLA:TPU cost and memory analyses, rooflines), not a measurement"}
+
+
+def _ms(s: float) -> str:
+  return f"{s * 1e3:,.1f}" if s < 10 else f"{s * 1e3:,.0f}"
+
+
+def plan_markdown(head: dict, reports: list[ProgramReport], step: dict, chip: Chip) -> str:
+  lines = [f"### {head['model']} on {head['topology']} ({head['chips']} chips of {chip.generation}, "
+           f"mesh {head['mesh']}), {head['method']}",
+           "",
+           f"Rollout: {head['prompts']} prompts x {head['group']} samples, {head['prompt_len']} prompt + "
+           f"{head['response_len']} response tokens; {head['dtypes']}. Compiler forecast, not a measurement.",
+           "",
+           "| program | calls/step | HBM per chip (GiB) | fits | compute ms | memory ms | collectives ms | "
+           "forecast ms | bound | MFU | Mosaic kernels | collectives |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in reports:
+    s = r.seconds
+    colls = ", ".join(f"{k} {v}" for k, v in sorted(r.collectives.items())) or "none"
+    lines.append(
+        f"| {r.name} | {r.calls_per_step:g} | {r.total_bytes / GIB:.2f} of {r.hbm_bytes / GIB:.0f} | "
+        f"{'yes' if r.fits else '**no**'} | {_ms(s['compute'])} | {_ms(s['memory'])} | {_ms(s['collectives'])} | "
+        f"{_ms(s['forecast'])} | {r.bound} | {r.mfu:.0%} | {r.mosaic_kernels} | {colls} |")
+  for r in reports:
+    if r.hbm_roofline_ratio is not None:
+      lines.append(f"\n{r.name}: {r.seconds['forecast'] / max(1, head['response_len'] - 1) * 1e3:.2f} ms per step, "
+                   f"{r.hbm_roofline_ratio:.2f}x its HBM roofline (the chip's weights and KV cache read once per "
+                   "step)")
+  lines += ["", f"RL step forecast: **{step['seconds']:.2f} s**, {step['sampled_tokens_per_s_per_chip']:,.0f} "
+            f"sampled tokens/s/chip, MFU {step['mfu']:.0%} (update alone {step['update_mfu']:.0%}), bound by "
+            f"{step['bounding_stage']}; fits: {'yes' if step['fits'] else 'no'}."]
+  return "\n".join(lines)
+
+
+def misfits(reports: list[ProgramReport], head: dict) -> list[str]:
+  """One line per program that does not fit: what it needs, what the chip has, what to change."""
+  out = []
+  for r in reports:
+    if r.fits:
+      continue
+    advice = ("raise mesh.fsdp (params and optimizer state split further)" if r.outside_bytes > r.memory["temp"]
+              else "lower train.micro_batch_size or use model.remat=full" if r.name in ("update", "sft")
+              else "lower train.micro_batch_size" if r.name == "recompute"
+              else "fewer rows per chip (more mesh.data / mesh.fsdp) or a shorter rollout.max_response_len")
+    out.append(f"{r.name} does not fit on {head['topology']}: needs {r.total_bytes / GIB:.2f} GiB per chip "
+               f"({r.memory['peak'] / GIB:.2f} program + {r.outside_bytes / GIB:.2f} held beside it), the chip has "
+               f"{r.hbm_bytes / GIB:.2f} GiB: {advice}, or add mesh.tensor")
+  return out

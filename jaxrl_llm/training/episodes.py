@@ -1,0 +1,245 @@
+"""Multi-turn rollouts: each sample of a step is an episode of the run's environment (`env` section).
+
+    prompts -> G episodes per prompt (envs/episode.py: env.reset, the opening prompt's ids)
+    -> rounds: one turn for every live episode, batched (sampling/turns.py), then each episode's
+       env.step (tools in the shared ToolPool, in parallel) and its observation's ids appended
+    -> RolloutBatch: one row per episode, token in / token out
+
+`EpisodeEngine` is the rollout engine of such a run: it wraps the built-in engine (its weights, synced
+as usual) and returns the same `RolloutBatch` a single-turn engine does, so every later stage of the
+step (training/step.py) is unchanged. A row's prompt is the episode's opening prompt; its response is
+everything after it, in order: each turn's ids exactly as sampled, each observation's ids as the
+renderer tokenised them once. Three labels per token say what it is:
+
+- `mask_BR`: sampled by the policy. It is the loss mask: an observation's tokens are context for the
+  later turns and for the recomputes (pi_prox, pi_ref, which read `context_BR`), and weigh zero in
+  every loss term, KL and entropy term, and policy statistic;
+- `context_BR`: a real token, the policy's or the environment's;
+- `turn_BR`: its turn (an observation carries the turn it precedes).
+
+log mu is recorded for the policy's tokens only (0 on the environment's). The episode's reward is
+its reward parts (training/score.py's `episode_rewards`), so the advantage is one per episode,
+broadcast over every token the policy sampled in it (docs/objectives.md, section 6).
+
+A round samples every episode of the batch together; see sampling/turns.py for why each round encodes
+the whole history again (no KV cache is kept between turns yet).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.envs import registry as env_registry
+from jaxrl_llm.envs.base import CONTINUING, STATUSES
+from jaxrl_llm.envs.episode import Episode, EpisodeLimits, EpisodeResult
+from jaxrl_llm.envs.render import ChatRenderer, PlainRenderer
+from jaxrl_llm.sampling.engine import RolloutBatch
+from jaxrl_llm.sampling.rollout import FINISH_LENGTH
+from jaxrl_llm.sampling.turns import SampledTurns, sample_turns, stop_sequences
+from jaxrl_llm.tasks.base import Example
+
+# Statuses an episode ends with (the metrics count each, every step, zeros included).
+ENDINGS = tuple(s for s in STATUSES if s not in CONTINUING)
+# Endings whose last turn was cut (the overlong filter's "truncated" samples).
+CUT = ("token_limit", "context_overflow")
+
+# round_sampler(contexts, budgets, round) -> one turn per context (sample_turns' result)
+RoundSampler = Callable[[list, list, int], SampledTurns]
+
+
+def make_renderer(tokenizer, chat_template: bool):
+  """How an episode's messages become ids: the tokenizer's chat template, or plain text (a base model)."""
+  return ChatRenderer(tokenizer) if chat_template else PlainRenderer(tokenizer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Played:
+  """One finished episode and what its turns' tokens were sampled with."""
+
+  result: EpisodeResult
+  sampled: list  # every turn's ids as the sampler returned them, in order
+  behav_logp: np.ndarray  # f32 log mu of each of those ids
+
+
+def play(episodes: Sequence[Episode], sample_round: RoundSampler,
+         executor: concurrent.futures.Executor | None = None) -> list[Played]:
+  """Runs `episodes` to their ends: each round samples one turn for every live one (`sample_round`,
+  budget 0 for a finished one), then steps the live ones (in parallel on `executor`: their tool calls
+  overlap in the pool)."""
+  sampled = [[] for _ in episodes]
+  logps = [[] for _ in episodes]
+  rnd = 0
+  while live := [i for i, ep in enumerate(episodes) if not ep.done]:
+    contexts = [ep.ids if not ep.done else [] for ep in episodes]
+    budgets = [ep.turn_budget() if not ep.done else 0 for ep in episodes]
+    turns = sample_round(contexts, budgets, rnd)
+
+    def step(i, turns=turns):
+      episodes[i].step(turns.ids[i], truncated=bool(turns.finish_B[i] == FINISH_LENGTH))
+
+    if executor is None:
+      for i in live:
+        step(i)
+    else:
+      list(executor.map(step, live))  # re-raises the first error of a step
+    for i in live:
+      sampled[i] += turns.ids[i]
+      logps[i].append(np.asarray(turns.behav_logp[i], np.float32))
+    rnd += 1
+  return [Played(ep.result(), sampled[i], np.concatenate(logps[i]) if logps[i] else np.zeros((0,), np.float32))
+          for i, ep in enumerate(episodes)]
+
+
+def episode_batch(played: Sequence[Played], examples: Sequence[Example], *, prompt_len: int, response_len: int,
+                  tokenizer, version: int = -1) -> RolloutBatch:
+  """The rows of finished episodes (one per episode, `examples[b]` the example of row b): opening
+  prompts left-padded to `prompt_len`, responses right-padded to `response_len` (module docstring)."""
+  B, P, R = len(played), prompt_len, response_len
+  pad = tokenizer.pad_id
+  prompt_BP, prompt_mask_BP = np.full((B, P), pad, np.int32), np.zeros((B, P), bool)
+  tokens_BR, mask_BR = np.full((B, R), pad, np.int32), np.zeros((B, R), bool)
+  context_BR, turn_BR = np.zeros((B, R), bool), np.zeros((B, R), np.int32)
+  behav_BR = np.zeros((B, R), np.float32)
+  responses = []
+  for b, ep in enumerate(played):
+    r = ep.result.rendered
+    p, resp = r.prompt_len, r.ids_T[r.prompt_len:]
+    if p > P or len(resp) > R:
+      raise ValueError(f"episode {b}: an opening prompt of {p} tokens and a response of {len(resp)} do not fit "
+                       f"the batch's {P} + {R} (data.max_prompt_len, env.max_tokens)")
+    policy = r.policy_T[p:]
+    # Token in, token out: the ids trained on are the ids the sampler returned, in order.
+    if not np.array_equal(resp[policy], np.asarray(ep.sampled, np.int32)) or len(ep.behav_logp) != policy.sum():
+      raise RuntimeError(f"episode {b}: its policy tokens are not the {len(ep.sampled)} ids sampled")
+    prompt_BP[b, P - p:], prompt_mask_BP[b, P - p:] = r.ids_T[:p], True
+    n = len(resp)
+    tokens_BR[b, :n], mask_BR[b, :n], context_BR[b, :n], turn_BR[b, :n] = resp, policy, True, r.turn_T[p:]
+    behav_BR[b, np.flatnonzero(policy)] = ep.behav_logp
+    responses.append(tokenizer.decode(resp.tolist()))
+  statuses = tuple(ep.result.status for ep in played)
+  return RolloutBatch(
+      prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP, tokens_BR=tokens_BR, mask_BR=mask_BR,
+      behav_logp_BR=jnp.asarray(behav_BR), truncated_B=np.asarray([s in CUT for s in statuses]),
+      length_B=mask_BR.sum(axis=1).astype(np.int32),
+      topk_ids_BRK=jnp.zeros((B, R, 0), np.int32), topk_logp_BRK=jnp.zeros((B, R, 0), np.float32),
+      prompts=tuple(e.prompt for e in examples), answers=tuple(e.answer for e in examples),
+      tags=tuple(e.tag for e in examples), responses=tuple(responses), version_B=np.full((B,), version, np.int32),
+      context_BR=context_BR, turn_BR=turn_BR, statuses=statuses,
+      reward_parts=tuple(dict(ep.result.reward_parts) for ep in played))
+
+
+def episode_metrics(samples: RolloutBatch) -> dict:
+  """env/*: how many of the batch's episodes ended with each status, their turns and observation tokens."""
+  counts = collections.Counter(samples.statuses)
+  out = {f"env/status_{s}": float(counts.get(s, 0)) for s in ENDINGS}
+  turns_B = np.where(samples.mask_BR, samples.turn_BR, -1).max(axis=1) + 1
+  out["env/turns_mean"] = float(turns_B.mean())
+  out["env/observation_tokens_mean"] = float((samples.context_BR & ~samples.mask_BR).sum(axis=1).mean())
+  return out
+
+
+def longest_opening(env_cfg, task, tokenizer, chat_template: bool, examples: Sequence[Example]) -> int:
+  """Tokens of the longest opening prompt the environment writes for `examples`; a ConfigError (one
+  line) when it cannot start an episode on one of them."""
+  renderer = make_renderer(tokenizer, chat_template)
+  with env_registry.make_pool(env_cfg) as pool:  # no worker starts: reset calls no tool
+    env = env_registry.make_env(env_cfg, task, pool, tokenizer)
+    longest = 1
+    for i, ex in enumerate(examples):
+      try:
+        longest = max(longest, len(renderer.opening_ids(env.reset(ex))))
+      except Exception as e:  # noqa: BLE001 - the environment's or the renderer's: one line before any workdir
+        raise ConfigError(f"config.env.name={env_cfg.name!r} cannot start an episode on example {i} "
+                          f"({ex.prompt[:60]!r}): {type(e).__name__}: {e}") from None
+  return longest
+
+
+class EpisodePlayer:
+  """Plays episodes of the run's environment with given weights, for the rollout engine and the
+  evaluation: the renderer, the limits, the stop strings and the run's `ToolPool` (which it owns;
+  `close` stops its workers)."""
+
+  def __init__(self, run_cfg, task, tokenizer):
+    env_cfg = self.env_cfg = run_cfg.env
+    self.task, self.tokenizer = task, tokenizer
+    self.prompt_len = run_cfg.data.max_prompt_len  # resolved to fit the openings (training/setup.py)
+    self.format_weight = run_cfg.data.format_weight  # the format part's weight in an episode's reward
+    self.renderer = make_renderer(tokenizer, run_cfg.data.chat_template)
+    self.pool = env_registry.make_pool(env_cfg)
+    self.stop_strings = tuple(self.make_env().stop_strings)
+    self.limits = EpisodeLimits(max_turn_tokens=env_cfg.max_turn_tokens,
+                                max_context_tokens=self.prompt_len + env_cfg.max_tokens,
+                                max_response_tokens=env_cfg.max_tokens)
+    self._executor = concurrent.futures.ThreadPoolExecutor(env_cfg.workers, thread_name_prefix="episode-step")
+
+  def make_env(self):
+    return env_registry.make_env(self.env_cfg, self.task, self.pool, self.tokenizer)
+
+  def play(self, params, model_cfg, examples: Sequence[Example], sampling_cfg, key, *, mesh=None,
+           version: int = -1) -> RolloutBatch:
+    """One episode per example (row b plays `examples[b]`), every turn sampled with `sampling_cfg`'s
+    processing (temperature, top-k, top-p, dtype; greedy for the evaluation): round k with
+    fold_in(key, k), row b of it with fold_in(that, b). -> their RolloutBatch."""
+    turn_cfg = dataclasses.replace(sampling_cfg, n_samples=1, max_new_tokens=self.env_cfg.max_turn_tokens,
+                                   record_topk=0,
+                                   stop_sequences=stop_sequences(self.tokenizer, self.stop_strings))
+
+    def sample_round(contexts, budgets, rnd):
+      return sample_turns(params, model_cfg, contexts, budgets, turn_cfg, jax.random.fold_in(key, rnd), mesh=mesh,
+                          tokenizer=self.tokenizer, stop_strings=self.stop_strings)
+
+    episodes = [Episode(self.make_env(), self.renderer, ex, self.limits) for ex in examples]
+    played = play(episodes, sample_round, self._executor)
+    return episode_batch(played, examples, prompt_len=self.prompt_len, response_len=self.env_cfg.max_tokens,
+                         tokenizer=self.tokenizer, version=version)
+
+  def close(self) -> None:
+    self._executor.shutdown(wait=True)
+    self.pool.close()
+
+
+def episode_player(run_cfg, task, tokenizer) -> EpisodePlayer | None:
+  """The run's EpisodePlayer, None for a single-turn run (env.name = 'none')."""
+  return EpisodePlayer(run_cfg, task, tokenizer) if run_cfg.env.active else None
+
+
+class EpisodeEngine:
+  """The rollout engine of a run with an environment: episodes played with the built-in engine's weights.
+
+  `sync` and the weights are the wrapped `JaxSampler`'s (its mismatch and sharding included);
+  `generate` plays G episodes per prompt with `player` (whose pool the caller closes) and returns
+  their `RolloutBatch`.
+  """
+
+  def __init__(self, inner, player: EpisodePlayer):
+    self.inner, self.player = inner, player
+
+  @property
+  def version(self) -> int:
+    return self.inner.version
+
+  def sync(self, params, version: int) -> None:
+    self.inner.sync(params, version)
+
+  def generate(self, prompts, key) -> RolloutBatch:
+    """G episodes per prompt of a `PromptBatch`, a prompt's episodes consecutive."""
+    inner = self.inner
+    if inner.params is None:
+      raise RuntimeError("EpisodeEngine.generate before sync: the engine has no weights yet")
+    G = inner.sampling_cfg.n_samples
+    examples = [Example(prompt=p, answer=a, tag=t) for p, a, t in zip(prompts.prompts, prompts.answers, prompts.tags)
+                for _ in range(G)]
+    mesh = inner.batch_sharding.mesh if inner.batch_sharding is not None else None
+    return self.player.play(inner.params, inner.model_cfg, examples, inner.sampling_cfg, key, mesh=mesh,
+                            version=inner.version)
+
+  def close(self) -> None:
+    self.inner.close()

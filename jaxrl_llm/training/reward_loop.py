@@ -1,0 +1,298 @@
+"""Reward-model training from preference pairs (`python -m jaxrl_llm.reward_model`).
+
+The run: read and encode the pairs (every bad row fails here, before the
+workdir exists), build the trunk on the mesh (fresh, `model.hf_path`, or
+`init_checkpoint`) and the score head (reward_model/scorer.py), then
+`train.steps` AdamW steps on the Bradley-Terry loss (reward_model/loss.py),
+scoring the held-out pairs at the start, every `eval.every` steps and at the
+end. The workdir holds config.json, metrics.jsonl (+ TensorBoard),
+checkpoints/ (the trunk as `params`, so `init_checkpoint` of a later run reads
+it, and the head as `reward_head`), summary.json and, with `export`, hf/ (a
+Hugging Face sequence-classification folder, reward_model/export.py).
+
+Exact resume: the state is (step, params, head, optimizer state), and the
+pairs of step s are a function of (seed, s) alone (`batch_rows`), so a run
+restored from step k continues as the uninterrupted run did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
+from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.model import sharding as sharding_lib
+from jaxrl_llm.model.tokenizer import CharTokenizer, check_hf_dir, make_tokenizer
+from jaxrl_llm.reward_model import data as data_lib
+from jaxrl_llm.reward_model.config import RewardModelConfig
+from jaxrl_llm.reward_model.export import check_exportable, save_reward_hf
+from jaxrl_llm.reward_model.loss import bradley_terry_loss, pair_stats
+from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, init_reward_head, reward_scores
+from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
+from jaxrl_llm.training import provenance
+from jaxrl_llm.training.optim import adamw, guarded_update, warmup_schedule
+from jaxrl_llm.training.setup import make_model
+
+EXPORT_DIR = "hf"  # <workdir>/hf: the Hugging Face export
+
+
+@struct.dataclass
+class RewardState:
+  step: jax.Array  # int32 [] optimizer steps done
+  params: dict  # the trunk (model params, shapes per model.param_shapes)
+  reward_head: dict  # {"w_D": f32 [D]} (reward_model/scorer.py); saved under scorer.HEAD_KEY, this field's name
+  opt_state: tuple  # AdamW state of {"params", "reward_head"}
+  data_state: dict = struct.field(pytree_node=False, default_factory=dict)  # empty: the pair order is (seed, step)
+
+  def trees(self) -> dict:
+    """What the optimizer updates."""
+    return {"params": self.params, HEAD_KEY: self.reward_head}
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceData:
+  """The run's pairs, encoded once before any model exists."""
+
+  tokenizer: object
+  train_pairs: list  # data.PreferencePair
+  eval_pairs: list
+  train: data_lib.PairArrays
+  eval: data_lib.PairArrays
+  max_len: int  # T of every sequence
+
+
+def preference_data(cfg: RewardModelConfig) -> PreferenceData:
+  """Reads, checks and encodes the train and held-out pairs (ConfigErrors name the file, line and field)."""
+  d = cfg.data
+  if cfg.model.hf_path:
+    check_hf_dir(cfg.model.hf_path, chat_template=d.chat_template)
+  tokenizer = make_tokenizer(cfg.model.hf_path)
+  if cfg.builtin:
+    kw = dict(digits=d.digits, digits2=d.digits2, ops=d.ops, seed=cfg.seed, eval_fraction=d.eval_fraction,
+              label_noise=d.label_noise)
+    train_pairs = data_lib.arithmetic_pairs("train", d.n_train, **kw)
+    eval_pairs = data_lib.arithmetic_pairs("eval", d.n_eval, **kw)
+  else:
+    kw = dict(seed=cfg.seed, eval_fraction=d.eval_fraction)
+    train_pairs = data_lib.file_pairs(d.path, d.eval_path, "train", **kw)
+    eval_pairs = data_lib.file_pairs(d.path, d.eval_path, "eval", **kw)
+  train_ids = data_lib.pair_ids(tokenizer, train_pairs, d.chat_template)
+  eval_ids = data_lib.pair_ids(tokenizer, eval_pairs, d.chat_template)
+  max_len = d.max_len or data_lib.longest(train_ids + eval_ids)
+  enc = functools.partial(data_lib.encode_pairs, max_len=max_len, pad_id=tokenizer.pad_id,
+                          default_margin=cfg.train.margin)
+  return PreferenceData(tokenizer=tokenizer, train_pairs=train_pairs, eval_pairs=eval_pairs,
+                        train=enc(train_pairs, train_ids), eval=enc(eval_pairs, eval_ids), max_len=max_len)
+
+
+def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """Rows of step `step`'s batch: consecutive draws from per-epoch permutations of the n pairs,
+  epoch e's permutation seeded by (seed, e): a function of the step alone."""
+  q = np.arange(step * batch_size, (step + 1) * batch_size)
+  out = np.empty(batch_size, np.int64)
+  for epoch in np.unique(q // n):
+    at = q // n == epoch
+    out[at] = np.random.default_rng([seed, int(epoch)]).permutation(n)[q[at] % n]
+  return out
+
+
+class RewardModelRun:
+  """One reward-model run in `workdir`: `run()` does everything (see the module docstring)."""
+
+  def __init__(self, cfg: RewardModelConfig, workdir: str, *, log: Callable[[str], None] = print, devices=None,
+               allow_config_change: bool = False):
+    self.cfg, self.workdir, self.log = cfg, workdir, log
+    self.allow_config_change = allow_config_change
+    self.mesh = sharding_lib.make_mesh(cfg.mesh, devices)
+    shards = sharding_lib.batch_shards(self.mesh)
+    if cfg.train.batch_size % shards:
+      raise ConfigError(f"config.train.batch_size={cfg.train.batch_size} must be a multiple of the {shards} batch "
+                        "shards of the mesh (mesh.data x mesh.fsdp)")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+      raise ConfigError(f"workdir {workdir!r} is a file: expected a directory (new, or a reward model's workdir)")
+    if cfg.init_checkpoint and not os.path.isdir(cfg.init_checkpoint):
+      raise ConfigError(f"config.init_checkpoint={cfg.init_checkpoint!r} is not a directory: expected a run's "
+                        "workdir or a Hugging Face directory")
+    self.data = preference_data(cfg)
+    if cfg.export:
+      for arrays in (self.data.train, self.data.eval):
+        check_exportable(self.data.tokenizer.pad_id, arrays.tokens_N2T, arrays.mask_N2T)
+    tr = cfg.train
+    self.schedule = warmup_schedule(tr.lr, tr.warmup_steps, tr.steps, decay_to=tr.lr_decay_to)
+    self.tx = adamw(self.schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay, clip_norm=tr.clip_norm)
+    self.rows3 = sharding_lib.batch_sharding(self.mesh, ndim=3)
+    self.rows1 = sharding_lib.batch_sharding(self.mesh, ndim=1)
+    self.model_cfg = None
+
+  # ---- state -----------------------------------------------------------------------
+  def init_state(self) -> RewardState:
+    k_model, k_head = jax.random.split(jax.random.key(self.cfg.seed))
+    self.model_cfg, params = make_model(self.cfg, self.data.tokenizer, self.mesh, k_model)
+    head = jax.jit(functools.partial(init_reward_head, self.model_cfg.d_model),
+                   out_shardings=head_shardings(self.mesh))(k_head)
+    step = jax.device_put(jnp.zeros((), jnp.int32), sharding_lib.replicated(self.mesh))
+    opt_state = sharding_lib.onto_mesh(self.tx.init({"params": params, HEAD_KEY: head}), self.mesh)
+    return RewardState(step=step, params=params, reward_head=head, opt_state=opt_state)
+
+  def _compile(self, state: RewardState) -> None:
+    model_cfg, coef, tx = self.model_cfg, self.cfg.train.center_coef, self.tx
+    tree_sh = jax.tree.map(lambda a: a.sharding, state.trees())
+    opt_sh = jax.tree.map(lambda a: a.sharding, state.opt_state)
+    step_sh = state.step.sharding
+    rows3, rows1 = self.rows3, self.rows1
+
+    def scores_B2(trees, tokens_B2T, mask_B2T):
+      B, _, T = tokens_B2T.shape
+      r = reward_scores(trees["params"], trees[HEAD_KEY], model_cfg, tokens_B2T.reshape(2 * B, T),
+                        mask_B2T.reshape(2 * B, T))
+      return r.reshape(B, 2)
+
+    def objective(trees, tokens_B2T, mask_B2T, margin_B, weight_B):
+      r_B2 = scores_B2(trees, tokens_B2T, mask_B2T)
+      loss = bradley_terry_loss(r_B2[:, 0], r_B2[:, 1], margin_B, weight_B, center_coef=coef)
+      return loss.value(), (loss, r_B2)
+
+    @functools.partial(jax.jit, in_shardings=(tree_sh, opt_sh, step_sh, rows3, rows3, rows1, rows1),
+                       out_shardings=(tree_sh, opt_sh, step_sh, None), donate_argnums=(0, 1))
+    def train_step(trees, opt_state, step, tokens_B2T, mask_B2T, margin_B, weight_B):
+      # trees and opt_state are donated: the old copies are dead after the update.
+      (value, (loss, r_B2)), grads = jax.value_and_grad(objective, has_aux=True)(
+          trees, tokens_B2T, mask_B2T, margin_B, weight_B)
+      trees, opt_state, grad_norm, skipped = guarded_update(tx, grads, opt_state, trees, value)
+      out = {"loss": loss, "stats": pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B), "grad_norm": grad_norm,
+             "skipped": skipped}
+      return trees, opt_state, step + 1, out
+
+    @functools.partial(jax.jit, in_shardings=(tree_sh, rows3, rows3, rows1, rows1))
+    def eval_step(trees, tokens_B2T, mask_B2T, margin_B, weight_B):
+      _, (loss, r_B2) = objective(trees, tokens_B2T, mask_B2T, margin_B, weight_B)
+      return loss, pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B)
+
+    self.train_step, self.eval_step = train_step, eval_step
+
+  def _device_batch(self, arrays: data_lib.PairArrays, weight_B: np.ndarray):
+    return (jax.device_put(arrays.tokens_N2T, self.rows3), jax.device_put(arrays.mask_N2T, self.rows3),
+            jax.device_put(arrays.margin_N, self.rows1), jax.device_put(weight_B.astype(np.float32), self.rows1))
+
+  # ---- stages -------------------------------------------------------------------
+  def evaluate(self, state: RewardState) -> dict:
+    """Loss, accuracy, margin, mean score and ECE on the held-out pairs (padding rows weigh 0)."""
+    arrays, B = self.data.eval, self.cfg.train.batch_size
+    loss_num = loss_den = 0.0
+    stats = None
+    for start in range(0, len(arrays), B):
+      idx = np.arange(start, start + B)
+      weight = (idx < len(arrays)).astype(np.float32)
+      batch = arrays.take(np.where(idx < len(arrays), idx, 0))
+      loss, s = self.eval_step(state.trees(), *self._device_batch(batch, weight))
+      loss_num, loss_den = loss_num + float(loss.numerator), loss_den + float(loss.denominator)
+      stats = s if stats is None else stats + s
+    return {"loss": loss_num / max(loss_den, 1.0), **stats.summary(), "n": len(arrays)}
+
+  def train_batch(self, state: RewardState) -> tuple[RewardState, dict]:
+    """One optimizer step on step `state.step`'s pairs; -> (state, the step's metrics)."""
+    t0 = time.time()
+    step = int(state.step)
+    rows = batch_rows(len(self.data.train), self.cfg.train.batch_size, self.cfg.seed, step)
+    batch = self._device_batch(self.data.train.take(rows), np.ones(len(rows), np.float32))
+    trees, opt_state, new_step, out = self.train_step(state.trees(), state.opt_state, state.step, *batch)
+    state = state.replace(params=trees["params"], reward_head=trees[HEAD_KEY], opt_state=opt_state, step=new_step)
+    s = out["stats"].summary()
+    metrics = {"train/loss": float(out["loss"].value()), **{f"train/{k}": v for k, v in s.items()},
+               "update/grad_norm": float(out["grad_norm"]), "update/skipped_nonfinite": float(out["skipped"]),
+               "update/lr": float(self.schedule(step)), "time/step_s": time.time() - t0}
+    return state, metrics
+
+  def run(self, stop_after: int | None = None) -> dict:
+    """The whole run -> summary.json's dict. `stop_after` (tests of resume): return after that many steps
+    of this call, saved as an interrupted run would be, with {"stopped_at_step": k} and no summary."""
+    cfg, t_start = self.cfg, time.time()
+    state = self.init_state()
+    os.makedirs(self.workdir, exist_ok=True)
+    ckpt = RunCheckpoints(self.workdir, cfg.checkpoint, run_config=cfg, model_config=self.model_cfg, log=self.log)
+    resuming = ckpt.resume_step() is not None
+    provenance.check_and_record(self.workdir, cfg, resuming=resuming, allow_change=self.allow_config_change,
+                                log=self.log)
+    if cfg.init_checkpoint and not resuming:
+      state = ckpt.init_params(state, cfg.init_checkpoint, None)
+    self._compile(state)
+    # -- checkpoint restore point: the saved state replaces the fresh one; the start eval is the saved one.
+    if resuming:
+      state, saved = ckpt.restore(state, lambda _: None)
+      ev_start = saved["ev_start"]
+    else:
+      ev_start = self.evaluate(state)
+      ckpt.extra.update(ev_start=plain(ev_start))
+    self.log(f"{cfg.name}: {len(self.data.train)} training pairs, {len(self.data.eval)} held-out, "
+             f"{self.data.max_len} tokens per sequence; held-out accuracy {ev_start['accuracy']:.3f} at step "
+             f"{int(state.step)}" + (" (saved)" if resuming else ""))
+    writer = MetricsWriter(self.workdir, start_step=int(state.step))
+    ev, stopped = None, None
+    try:
+      for i, _ in enumerate(range(int(state.step), cfg.train.steps)):
+        state, metrics = self.train_batch(state)
+        step = int(state.step)
+        ev = None
+        if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
+          ev = self.evaluate(state)
+          metrics.update({f"eval/{k}": v for k, v in ev.items() if k != "n"})
+        if step % cfg.log.every == 0 or step == cfg.train.steps or ev is not None:
+          writer.write(step, metrics)
+          self.log(f"step {step}/{cfg.train.steps}: loss {metrics['train/loss']:.4f} accuracy "
+                   f"{metrics['train/accuracy']:.3f}" + (f"; held-out accuracy {ev['accuracy']:.3f} "
+                                                         f"ece {ev['ece']:.3f}" if ev else ""))
+        # -- checkpoint save point: the complete state after each step.
+        ckpt.on_step(state, metrics)
+        if stop_after is not None and i + 1 >= stop_after and step < cfg.train.steps:
+          if ckpt.mngr.should_save(step, final=True):
+            ckpt.save(state, metrics)
+          stopped = step
+          break
+    finally:
+      writer.close()
+      ckpt.mngr.wait()
+    if stopped is not None:
+      ckpt.mngr.close()
+      return {"stopped_at_step": stopped, "workdir": self.workdir}
+    ckpt.finish(state)
+    ev_end = ev if ev is not None else self.evaluate(state)
+    export_dir = self.export(state) if cfg.export else ""
+    history = ckpt.extra.get("history", [])
+    summary = {
+        "name": cfg.name, "workdir": self.workdir, "steps": int(state.step), "train_pairs": len(self.data.train),
+        "eval_pairs": len(self.data.eval), "max_len": self.data.max_len,
+        "label_noise": cfg.data.label_noise if cfg.builtin else None,
+        "eval_accuracy_start": ev_start["accuracy"], "eval_accuracy_end": ev_end["accuracy"],
+        "eval_margin_end": ev_end["margin"], "eval_ece_end": ev_end["ece"], "eval_loss_end": ev_end["loss"],
+        "train_loss_first": history[0]["train/loss"] if history else None,
+        "train_loss_last": history[-1]["train/loss"] if history else None,
+        "skipped_updates": float(sum(m["update/skipped_nonfinite"] for m in history)),
+        "export_dir": export_dir, "run_time_s": time.time() - t_start,
+    }
+    write_summary(self.workdir, summary)
+    self.final_state = state
+    return summary
+
+  def export(self, state: RewardState) -> str:
+    """<workdir>/hf as a Hugging Face sequence-classification folder (reward_model/export.py); -> its path."""
+    out = os.path.join(self.workdir, EXPORT_DIR)
+    tok, hf_path = self.data.tokenizer, self.cfg.model.hf_path
+    if isinstance(tok, CharTokenizer):
+      base = tok.save_pretrained(out)  # tokenizer files, and the special ids config.json keeps
+    else:
+      from jaxrl_llm.model.hf_io import read_hf_config
+
+      base = read_hf_config(hf_path)
+    save_reward_hf(state.params, state.reward_head, self.model_cfg, out, pad_id=tok.pad_id, base_config=base,
+                   tokenizer_dir=hf_path or None)
+    self.log(f"exported the reward model to {out} (transformers' AutoModelForSequenceClassification)")
+    return out

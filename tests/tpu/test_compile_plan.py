@@ -1,0 +1,253 @@
+"""`python -m jaxrl_llm.compile`: a run's programs through the real TPU compiler, and what the plan reads of them.
+
+Each figure the plan prints rests on one of these checks: the collectives'
+bytes (against shard_map programs whose collectives the test writes), the
+cost probes' extension to L layers (against the unrolled program at L), the
+Mosaic kernels' cost estimate (against 2 N D V written out), the decode
+loop's sum over its steps, and the default run's plan end to end. Needs
+libtpu (`pip install -e ".[tpu-aot]"`); compiles for v5e:2x2, small shapes.
+"""
+
+import dataclasses
+import os
+
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import pytest  # noqa: E402
+
+try:
+  import libtpu  # noqa: F401,E402
+except ImportError:
+  pytest.skip('libtpu is not installed: pip install -e ".[tpu-aot]" (compile-only TPU checks)',
+              allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # compiles (module docstring)
+
+import functools  # noqa: E402
+import json  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+from jaxrl_llm import compile as compile_lib  # noqa: E402
+from jaxrl_llm import kernels  # noqa: E402
+from jaxrl_llm.tpu import analysis, forecast, report  # noqa: E402
+from jaxrl_llm.tpu.programs import lower_recompute, lower_update, param_sds  # noqa: E402
+from jaxrl_llm.tpu.topology import topology_devices  # noqa: E402
+from jaxrl_llm.training.config import from_config_dict  # noqa: E402
+from jaxrl_llm.training.defaults import get_config  # noqa: E402
+
+TOPOLOGY = "v5e:2x2"
+
+
+@functools.cache
+def _devices():
+  return tuple(topology_devices(TOPOLOGY)[0])
+
+
+def _cfg(**overrides):
+  c = get_config("gspo")
+  for key, value in overrides.items():
+    section, name = key.split(".")
+    setattr(getattr(c, section), name, value)
+  return from_config_dict(c)
+
+
+@functools.cache
+def _default_plan():
+  return compile_lib.plan(_cfg(), TOPOLOGY, log=lambda s: None)
+
+
+@functools.cache
+def _shapes(**mesh):
+  cfg = _cfg(**{f"mesh.{k}": v for k, v in mesh.items()})
+  return compile_lib.build_shapes(cfg, "", _devices())
+
+
+# ------------------------------------------------------------ collectives
+
+
+def test_collectives_are_read_with_their_bytes():
+  """An all-gather, a reduce-scatter and an all-reduce over 4 chips, written with shard_map: the
+  parser finds each with its group and the bytes a chip moves on a ring."""
+  mesh = Mesh(np.array(_devices()), ("x",))
+  n, rows, cols = 4, 256, 512  # f32 [256, 512] per chip
+
+  def body(a):
+    gathered = jax.lax.all_gather(a, "x", tiled=True)  # [1024, 512]: result 2 MiB
+    scattered = jax.lax.psum_scatter(a, "x", tiled=True)  # [64, 512]: result 128 KiB
+    total = jax.lax.psum(a * 2.0, "x")  # [256, 512]: 512 KiB
+    return jnp.stack([gathered.sum(), scattered.sum(), total.sum()])[None]
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+  x = jax.ShapeDtypeStruct((n * rows, cols), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+  hlo = jax.jit(f).lower(x).compile().as_text()
+  found = {c["kind"]: c for c in analysis.collectives(hlo, n)}
+  assert {"all-gather", "reduce-scatter", "all-reduce"} <= set(found), found
+  mib = 1 << 20
+  assert found["all-gather"]["group"] == 4 and found["all-gather"]["bytes"] == 2 * mib
+  assert found["all-gather"]["moved_bytes"] == 2 * mib * 3 / 4
+  assert found["reduce-scatter"]["moved_bytes"] == 128 * 1024 * 3  # (n - 1) x the result
+  big = max((c for c in analysis.collectives(hlo, n) if c["kind"] == "all-reduce"), key=lambda c: c["bytes"])
+  assert big["bytes"] == 512 * 1024 and big["moved_bytes"] == 2 * 512 * 1024 * 3 / 4
+
+
+# ------------------------------------------------------------ cost probes
+
+
+@pytest.mark.parametrize("program", ["recompute", "update"])
+def test_probes_extend_exactly_to_more_layers(program):
+  """The cost at L = 3 extended from the 1- and 2-layer probes equals the 3-layer program's own (all
+  layers unrolled, no loop: XLA counts every op), FLOPs to 1e-6 and bytes to 3% (fusion choices differ)."""
+  shapes = _shapes()
+  mc = shapes.model_cfg
+  lower = {"recompute": lambda m, p: lower_recompute(shapes, m, p, shapes.cfg.micro_batch_size),
+           "update": lambda m, p: lower_update(shapes, m, p, 1)}[program]
+  costs = {}
+  for n in (1, 2, 3):
+    m = mc.replace(n_layers=n)
+    costs[n] = analysis.cost(lower(m, param_sds(m, shapes.mesh, unstacked=True)).compile(), 4)
+  extended = analysis.combine({(1, 1): costs[1], (2, 1): costs[2]}, 3, 1)
+  np.testing.assert_allclose(extended["flops"], costs[3]["flops"], rtol=1e-6)
+  np.testing.assert_allclose(extended["bytes"], costs[3]["bytes"], rtol=0.03)  # measured: 0.1% and 1.7%
+  assert costs[3]["flops"] > costs[2]["flops"] > costs[1]["flops"] > 0
+
+
+def test_combine_is_bilinear():
+  """combine() on a cost that is a + b L + c m + d L m gives it back at any (L, m)."""
+  f = lambda l, m: {"flops": 5.0 + 3.0 * l + 7.0 * m + 2.0 * l * m}  # noqa: E731
+  probes = {(l, m): f(l, m) for l in (1, 2) for m in (1, 2)}
+  assert analysis.combine(probes, 36, 8) == f(36, 8)
+
+
+def test_mosaic_kernels_report_their_cost():
+  """XLA sees no FLOPs inside a custom call; the Mosaic kernels' cost_estimate gives them: the
+  token_logprobs forward's 2 N D V FLOPs and N V exponentials are in the compiled cost analysis."""
+  n, d, v = 256, 576, 49_152
+  mesh = Mesh(np.array(_devices()[:1]), ("x",))
+  whole = NamedSharding(mesh, P())
+  h = jax.ShapeDtypeStruct((n, d), jnp.bfloat16, sharding=whole)
+  w = jax.ShapeDtypeStruct((d, v), jnp.bfloat16, sharding=whole)
+  t = jax.ShapeDtypeStruct((n,), jnp.int32, sharding=whole)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    compiled = jax.jit(lambda h, w, t: kernels.token_logprobs(h, w, t, temperature=1.0).logp).lower(
+        h, w, t).compile()
+  c = analysis.cost(compiled, 1)
+  assert 2 * n * d * v <= c["flops"] <= 2 * n * d * v * 1.01
+  assert n * v <= c["transcendentals"] <= n * v * 1.01
+  # w read once per block of rows, the hidden states once: at least the bytes of w and h.
+  assert c["bytes"] >= d * v * 2 + n * d * 2
+
+
+# ------------------------------------------------------------ the default run's plan
+
+
+def test_default_run_plan():
+  head, reports, step, chip = _default_plan()
+  by_name = {r.name: r for r in reports}
+  assert list(by_name) == ["rollout/prefill", "rollout/decode", "recompute", "update", "sft", "eval/prefill",
+                           "eval/decode"]
+  assert head["chips"] == 4 and head["mesh"] == "data 4xfsdp 1xtensor 1" and chip.generation == "v5e"
+  # impl=auto on a TPU topology: the update runs token_logprobs' Mosaic forward, d hidden and d w
+  # kernels, the recompute its forward; the sampler computes whole logits (no kernel).
+  assert by_name["update"].mosaic_kernels == 3 and by_name["recompute"].mosaic_kernels == 1
+  assert by_name["rollout/decode"].mosaic_kernels == 0
+  assert by_name["recompute"].calls_per_step == 2  # pi_prox and pi_ref (gspo's KL to the reference is logged)
+  assert all(r.fits and 0 < r.memory["peak"] < r.hbm_bytes for r in reports)
+  # The decode forecast sums R - 1 steps (token 0 comes from the prefill), each at least the weights'
+  # matmuls for every row: 2 x (layer + head weights) x rows, split over the chips.
+  shapes = _shapes()
+  mc = shapes.model_cfg
+  layer_w, head_w = forecast._matmul_params(mc)  # pylint: disable=protected-access
+  rows, R = shapes.rows, shapes.response_len
+  assert by_name["rollout/decode"].cost["flops"] >= (R - 1) * 2 * (layer_w + head_w) * rows / 4
+  assert 0 < step["mfu"] < 1 and step["seconds"] > 0 and step["fits"]
+  assert step["seconds"] == pytest.approx(sum(r.calls_per_step * r.seconds["forecast"] for r in reports))
+  # JSON and markdown: every program, and the label.
+  js = json.loads(json.dumps(report.as_json(head, reports, step, chip)))
+  assert [p["name"] for p in js["programs"]] == list(by_name) and "not a measurement" in js["label"]
+  md = report.plan_markdown(head, reports, step, chip)
+  assert all(f"| {name} |" in md for name in by_name) and "RL step forecast" in md
+  assert report.misfits(reports, head) == []
+
+
+def test_a_program_that_does_not_fit_is_named_with_what_to_change():
+  head, reports, _, _ = _default_plan()
+  small = [dataclasses.replace(r, hbm_bytes=r.memory["peak"] // 2) if r.name == "update" else r for r in reports]
+  (line,) = report.misfits(small, head)
+  assert line.startswith("update does not fit on v5e:2x2: needs ") and "the chip has" in line
+  assert "micro_batch_size" in line or "mesh.fsdp" in line
+
+
+# ------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("name, match", [
+    ("v5e", "not a TPU topology; give <generation>:<chips per axis>"),
+    ("v9:2x2", "libtpu refuses it"),
+    ("v5e:3x3", "libtpu refuses it"),
+])
+def test_unknown_topology(name, match):
+  from jaxrl_llm.tpu.topology import TopologyError
+
+  with pytest.raises(TopologyError, match=match):
+    topology_devices(name)
+
+
+def test_accelerator_types_map_to_topologies():
+  from jaxrl_llm.tpu.topology import resolve_name
+
+  assert resolve_name("v5e-8") == "v5e:2x4" and resolve_name("v5p-8") == "v5p:2x2x1"
+  assert resolve_name("v5p-64") == "v5p:2x4x4" and resolve_name("v6e-8") == "v6e:2x4"
+
+
+def test_libtpu_missing_or_mismatched(monkeypatch):
+  import importlib.metadata
+  import importlib.util
+
+  from jaxrl_llm.tpu import topology
+
+  real_find, real_version = importlib.util.find_spec, importlib.metadata.version
+  monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "libtpu" else real_find(n, *a))
+  with pytest.raises(topology.TopologyError, match=r'libtpu is not installed.*pip install -e "\.\[tpu-aot\]"'):
+    topology.check_libtpu()
+  monkeypatch.setattr(importlib.util, "find_spec", real_find)
+  monkeypatch.setattr(importlib.metadata, "version",
+                      lambda n: "0.0.1" if n == "libtpu" else real_version(n))
+  with pytest.raises(topology.TopologyError, match=r"libtpu 0\.0\.1 is installed but jax .* pins libtpu=="):
+    topology.check_libtpu()
+
+
+def test_lock_held(monkeypatch):
+  from jax.experimental import topologies
+
+  from jaxrl_llm.tpu import topology
+
+  def held(**_):
+    raise RuntimeError("ABORTED: Internal error when accessing libtpu multi-process lockfile. Run ...")
+
+  monkeypatch.setattr(topologies, "get_topology_desc", held)
+  with pytest.raises(topology.TopologyError, match="another process holds libtpu's lock .*ALLOW_MULTIPLE_LIBTPU_LOAD=1"):
+    topology.topology_devices("v5e:2x2")
+
+
+def test_config_that_does_not_divide_the_topology():
+  from jaxrl_llm.checks import ConfigError
+
+  with pytest.raises(ConfigError, match=r"fsdp=3 .*4 devices"):
+    compile_lib.build_shapes(_cfg(**{"mesh.fsdp": 3}), "", _devices())
+  with pytest.raises(ConfigError, match=r"n_heads=9 is not divisible by the 'tensor' mesh axis of size 2"):
+    compile_lib.build_shapes(_cfg(**{"mesh.tensor": 2}), "smollm2_135m", _devices())
+
+
+def test_a_multi_host_slice_compiles_from_one_process():
+  """v5p:2x2x2 is 8 chips on 2 hosts; the default run's programs compile for it here (fit only), with
+  an fsdp x tensor mesh."""
+  head, reports, step, chip = compile_lib.plan(_cfg(**{"mesh.fsdp": 4, "mesh.tensor": 2, "mesh.data": 1,
+                                                       "model.vocab_multiple": 2}),
+                                               "v5p:2x2x2", probes=False, log=lambda s: None)
+  assert (head["chips"], head["hosts"], chip.generation) == (8, 2, "v5p")
+  assert head["mesh"] == "data 1xfsdp 4xtensor 2" and step["fits"]
+  assert {r.name for r in reports} >= {"rollout/prefill", "rollout/decode", "update", "recompute"}
