@@ -5,6 +5,7 @@ built from the functions the trainer itself runs (nothing is copied):
 
 | program | function | calls per RL step |
 |---|---|---|
+| rollout/sync | the sampler's copy under rollout.sampler_sharding=tensor (sampling/engine.py's sampler_gather) | 1 |
 | rollout/prefill | sampling.loop.prefill | 1 (dynamic sampling's refills not counted) |
 | rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
 | recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
@@ -174,12 +175,6 @@ def lower_prefill(shapes: RunShapes, scfg, rows: int, model_cfg, params, cache_l
   return sampler_loop.prefill.lower(params, tokens, mask, _key(shapes.mesh),
                                     model_cfg=sampler_model_config(model_cfg, scfg), cfg=scfg, cache_len=cache_len,
                                     mesh=shapes.mesh, data_axis=sharding_lib.BATCH_AXES)
-
-
-def decode_state(shapes: RunShapes, scfg, rows: int, model_cfg, params, cache_len: int):
-  """The decode loop's input state as shapes, in the shardings the compiled prefill gives it."""
-  compiled = lower_prefill(shapes, scfg, rows, model_cfg, params, cache_len).compile()
-  return with_shardings(compiled.out_info, compiled.output_shardings)
 
 
 @_in_mesh
