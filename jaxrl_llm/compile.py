@@ -124,7 +124,9 @@ def plan(cfg, topology: str, model: str = "", *, probes: bool = True, log=print)
           "micro_batch": c.micro_batch_size, "kernels_impl": c.kernels.impl,
           "dtypes": f"params {mc.param_dtype}, compute {mc.compute_dtype}, remat {mc.remat}",
           "params": sum(int(x.size) for x in jax.tree.leaves(param_shapes(mc)))}
-  log(f"{head['model']}: {head['params'] / 1e9:.2f} B params; {topo}: {len(devices)} chips "
+  n = head["params"]
+  size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+  log(f"{head['model']}: {size} params; {topo}: {len(devices)} chips "
       f"({chip.generation}), {head['hosts']} hosts; mesh {head['mesh']}")
   reports = forecast.forecast_programs(shapes, run_programs(shapes), chip, probes=probes, log=log)
   return head, reports, forecast.step_summary(reports, shapes, chip), chip

@@ -44,7 +44,8 @@ def plan_markdown(head: dict, reports: list[ProgramReport], step: dict, chip: Ch
       lines.append(f"\n{r.name}: {r.seconds['forecast'] / max(1, head['response_len'] - 1) * 1e3:.2f} ms per step, "
                    f"{r.hbm_roofline_ratio:.2f}x its HBM roofline (the chip's weights and KV cache read once per "
                    "step)")
-  lines += ["", f"RL step forecast: **{step['seconds']:.2f} s**, {step['sampled_tokens_per_s_per_chip']:,.0f} "
+  secs = step["seconds"]
+  lines += ["", f"RL step forecast: **{f'{secs:.2f} s' if secs >= 1 else f'{secs * 1e3:.2f} ms'}**, {step['sampled_tokens_per_s_per_chip']:,.0f} "
             f"sampled tokens/s/chip, MFU {step['mfu']:.0%} (update alone {step['update_mfu']:.0%}), bound by "
             f"{step['bounding_stage']}; fits: {'yes' if step['fits'] else 'no'}."]
   return "\n".join(lines)
