@@ -21,7 +21,7 @@ import functools
 import os
 import re
 
-# Before libtpu is loaded: the lead's xdist workers (and scripts) may hold it too.
+# Before libtpu is loaded: the other xdist workers (and scripts) may hold it too.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import pytest  # noqa: E402
