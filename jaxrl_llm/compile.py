@@ -43,7 +43,14 @@ cli.define_debug_flag()
 
 
 def model_config(cfg, model: str, tokenizer):
-  """The run's ModelConfig: `model` (a preset name or an HF config.json / folder) or the config's own."""
+  """The run's ModelConfig: `model` (a preset name or an HF config.json / folder) or the config's own,
+  with the run's adapters (`model.lora`, model/lora.py)."""
+  m = cfg.model
+  base = _base_model_config(cfg, model, tokenizer)
+  return base.replace(lora=m.lora) if m.lora.active else base
+
+
+def _base_model_config(cfg, model: str, tokenizer):
   from jaxrl_llm.checks import ConfigError
   from jaxrl_llm.model.config import MODEL_PRESETS, ModelConfig
   from jaxrl_llm.model.hf_config import config_from_hf

@@ -22,6 +22,12 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 # Activation of the gated MLP: SwiGLU (silu) or GeGLU with tanh-GELU
 # (Hugging Face's "gelu_pytorch_tanh").
 MLP_ACTS = ("silu", "gelu_tanh")
+# The projections LoRA can adapt (model/lora.py), by the names PEFT's target_modules use for Llama.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# How LoRA's frozen base may be held (QLoRA): "none" as the params' dtype; int8 per output channel;
+# int4 or nf4 (QLoRA's NormalFloat) in blocks of `quant_block` along each projection's input.
+LORA_QUANTS = ("none", "int8", "int4", "nf4")
+LORA_SCALINGS = ("standard", "rslora")
 
 
 def pattern_layer_types(n_layers: int, pattern: int) -> tuple[str, ...]:
@@ -60,6 +66,59 @@ class RopeScaling:
       raise ValueError(
           "RopeScaling.high_freq_factor must be > low_freq_factor for kind='llama3', got "
           f"high={self.high_freq_factor!r}, low={self.low_freq_factor!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Low-rank adapters on the decoder's projections (model/lora.py); rank 0: none.
+
+  Each adapted projection W computes x W + s (x A) B, A over W's input axes and
+  the rank, B over the rank and W's output axes; only A and B train.
+    rank: r (0: no adapters, the full model trains).
+    alpha: the numerator of the scaling s.
+    scaling: "standard": s = alpha / r (Hu et al. 2021; PEFT's default);
+      "rslora": s = alpha / sqrt(r) (Kalajdzievski 2023, rank-stabilised).
+    targets: a subset of LORA_TARGETS (a comma-separated string is accepted).
+    quant: the frozen base of the adapted projections held quantised through
+      qwix (QLoRA, Dettmers et al. 2023): "none" | "int8" (a scale per output
+      channel) | "int4" | "nf4" (a scale per block of `quant_block` inputs).
+    quant_block: the block length along a projection's input axis (int4, nf4).
+  """
+
+  rank: int = 0
+  alpha: float = 16.0
+  scaling: str = "standard"
+  targets: tuple[str, ...] | str = ",".join(LORA_TARGETS)  # a tuple once constructed
+  quant: str = "none"
+  quant_block: int = 64
+
+  def __post_init__(self):
+    if isinstance(self.targets, str):
+      object.__setattr__(self, "targets", tuple(t.strip() for t in self.targets.split(",") if t.strip()))
+    elif isinstance(self.targets, list):
+      object.__setattr__(self, "targets", tuple(self.targets))
+    check_int("config.model.lora.rank", self.rank, 0)
+    check_float("config.model.lora.alpha", self.alpha, 0.0, low_open=True)
+    check_choice("config.model.lora.scaling", self.scaling, LORA_SCALINGS)
+    check_choice("config.model.lora.quant", self.quant, LORA_QUANTS)
+    check_int("config.model.lora.quant_block", self.quant_block, 1)
+    if not self.targets:
+      raise bad("config.model.lora.targets", self.targets, f"allowed a non-empty subset of {LORA_TARGETS}")
+    for t in self.targets:
+      check_choice("config.model.lora.targets (an entry)", t, LORA_TARGETS)
+    if len(set(self.targets)) != len(self.targets):
+      raise bad("config.model.lora.targets", self.targets, "each projection at most once")
+    if self.quant != "none" and not self.rank:
+      raise bad("config.model.lora.quant", self.quant, "a quantised base needs adapters: set model.lora.rank >= 1")
+
+  @property
+  def active(self) -> bool:
+    return self.rank > 0
+
+  @property
+  def scale(self) -> float:
+    """s, the factor on (x A) B."""
+    return self.alpha / (self.rank if self.scaling == "standard" else self.rank ** 0.5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +169,9 @@ class ModelConfig:
       the mask and softmax (Gemma 2's attn_logit_softcapping; Gemma 3 sets
       none, and transformers' Gemma3 ignores the field, so gemma3 import and
       export refuse it).
+    lora: None, or the low-rank adapters on the projections (LoraConfig with
+      rank >= 1; model/lora.py): the params then hold them beside the frozen
+      base, the forward adds them, and only they train.
   """
 
   vocab_size: int
@@ -140,6 +202,7 @@ class ModelConfig:
   embed_scale: bool = False
   query_pre_attn_scalar: int | None = None
   attn_softcap: float | None = None
+  lora: LoraConfig | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -171,6 +234,8 @@ class ModelConfig:
     if self.attn_softcap is not None:
       check_float("ModelConfig.attn_softcap", self.attn_softcap, 0.0, low_open=True)
     self._check_layer_types()
+    if self.lora is not None and not (isinstance(self.lora, LoraConfig) and self.lora.active):
+      raise bad("ModelConfig.lora", self.lora, "allowed None or a LoraConfig with rank >= 1")
 
   def _check_layer_types(self):
     if self.layer_types is not None:
@@ -250,6 +315,8 @@ class ModelConfig:
       d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
     if isinstance(d.get("layer_types"), list):
       d["layer_types"] = tuple(d["layer_types"])
+    if isinstance(d.get("lora"), dict):
+      d["lora"] = LoraConfig(**d["lora"])
     return cls(**d)
 
   def num_params(self) -> int:
@@ -361,6 +428,7 @@ class ModelSpec:
   compute_dtype: str
   remat: str
   vocab_multiple: int
+  lora: LoraConfig = LoraConfig()  # model/lora.py; rank 0: the full model trains
 
   def __post_init__(self):
     for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_multiple"):

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.checks import ConfigError, check_choice
+from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.gguf_io import SOURCE_FILE
 from jaxrl_llm.model.hf_io import name_table
@@ -183,9 +184,11 @@ def _writer_class():
 
 def export_gguf(params, cfg: ModelConfig, path: str, *, tokenizer, qtype: str = "f32", hf_path: str = "",
                 name: str = "jaxrl_llm policy") -> GGUFExport:
-  """Write `params` (a model of `cfg`) to the GGUF file `path` (written beside it, then renamed)."""
+  """Write `params` (a model of `cfg`) to the GGUF file `path` (written beside it, then renamed); a
+  LoRA model (cfg.lora) merged: W + s A B (model/lora.py)."""
   import gguf
 
+  params, cfg = lora.merged(params, cfg)
   t0 = time.perf_counter()
   check_choice("GGUF export qtype", qtype, GGUF_EXPORT_TYPES)
   _check_exportable(cfg)

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.model import lora
 from jaxrl_llm.model import params as params_lib
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
@@ -233,7 +234,9 @@ def save_hf(params: dict, cfg: ModelConfig, out_dir: str, *, dtype: str | None =
   an index above max_shard_bytes), and tokenizer files copied from
   tokenizer_dir. dtype: tensor dtype on disk (default cfg.param_dtype).
   In a multi-process run every process gathers; only process 0 writes.
+  A LoRA model (cfg.lora) is written merged: W + s A B (model/lora.py).
   """
+  params, cfg = lora.merged(params, cfg)
   params_lib.check_params(params, cfg)
   dtype = dtype or cfg.param_dtype
   if dtype not in _NP_DTYPES:

@@ -131,10 +131,13 @@ def gated_mlp(x_BTD: jax.Array, w_gate_DF: jax.Array, w_up_DF: jax.Array,
   gelu(approximate="tanh"))."""
   gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, w_gate_DF)
   up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, w_up_DF)
+  return jnp.einsum("BTF,FD->BTD", glu(gate_BTF, up_BTF, act), w_down_FD)
+
+
+def glu(gate_BTF: jax.Array, up_BTF: jax.Array, act: str = "silu") -> jax.Array:
+  """act(gate) * up, the gated MLP's hidden activations."""
   if act == "silu":
-    hidden_BTF = jax.nn.silu(gate_BTF) * up_BTF
-  elif act == "gelu_tanh":
-    hidden_BTF = jax.nn.gelu(gate_BTF, approximate=True) * up_BTF
-  else:
-    raise ValueError(f"gated_mlp: act={act!r} is not one of ('silu', 'gelu_tanh')")
-  return jnp.einsum("BTF,FD->BTD", hidden_BTF, w_down_FD)
+    return jax.nn.silu(gate_BTF) * up_BTF
+  if act == "gelu_tanh":
+    return jax.nn.gelu(gate_BTF, approximate=True) * up_BTF
+  raise ValueError(f"gated_mlp: act={act!r} is not one of ('silu', 'gelu_tanh')")

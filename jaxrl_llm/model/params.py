@@ -12,6 +12,11 @@ attn_norm / mlp_norm are the norms before attention and the MLP;
 attn_post_norm / mlp_post_norm (cfg.sandwich_norm, Gemma) those on their
 outputs. With cfg.norm_plus_one a norm scales by 1 + w, so its w starts at 0.
 
+With cfg.lora (model/lora.py) "layers" also holds each adapted projection's
+factors (wq_lora_a_LDR, wq_lora_b_LRNH, ...) and, under QLoRA, the adapted
+weights' quantisation scales (wq_scale_LDNH, ...); those weights are then
+stored in the quantised dtype.
+
 Layers are stacked along a leading L axis so the forward pass is one
 `lax.scan` (compile time independent of depth). The same table drives
 `init_params`, the sharding annotations (`param_axes`) and the Hugging Face
@@ -25,6 +30,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
 
 
@@ -32,7 +38,8 @@ from jaxrl_llm.model.config import ModelConfig
 class ParamSpec:
   shape: tuple[int, ...]
   axes: tuple[str | None, ...]  # logical axis names, one per dim
-  init: str  # "normal" | "ones" | "zeros"
+  init: str  # "normal" | "ones" | "zeros" | "lora_a" (model/lora.py) | "scale" (QLoRA's, from quantisation)
+  dtype: str | None = None  # None: cfg.param_dtype; a QLoRA weight's quantised storage
 
 
 def param_specs(cfg: ModelConfig) -> dict:
@@ -68,6 +75,12 @@ def param_specs(cfg: ModelConfig) -> dict:
   }
   if not cfg.tie_embeddings:
     specs["lm_head_DV"] = ParamSpec((D, V), ("embed", "vocab"), "normal")
+  if cfg.lora is not None:
+    dims = dict(L=L, D=D, N=N, K=K, H=H, F=F)
+    for name, (shape, axes, init) in lora.adapter_specs(cfg, dims, {n: s.axes for n, s in layers.items()}).items():
+      layers[name] = ParamSpec(shape, axes, init, "float32" if init == "scale" else None)
+    for name in lora.quantised_weights(cfg):
+      layers[name] = dataclasses.replace(layers[name], dtype=jnp.dtype(lora.quant_dtype(cfg)).name)
   return specs
 
 
@@ -82,7 +95,7 @@ def param_axes(cfg: ModelConfig) -> dict:
 
 def param_shapes(cfg: ModelConfig) -> dict:
   """Same tree as the params, each leaf a jax.ShapeDtypeStruct."""
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, cfg.param_jnp_dtype),
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype or cfg.param_jnp_dtype),
                       param_specs(cfg), is_leaf=_is_spec)
 
 
@@ -90,9 +103,15 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
   """Random params: N(0, init_std) matrices, unit norm scales (w = 1, or
   w = 0 under cfg.norm_plus_one), zero biases.
 
+  With cfg.lora: the adapters at their init (model/lora.py: A uniform, B zero),
+  the base quantised as cfg.lora.quant says.
+
   Pure and jittable (cfg static), so a sharded init is
   `jax.jit(init_params, static_argnums=0, out_shardings=...)`, see sharding.py.
   """
+  if cfg.lora is not None:
+    k_base, k_lora = jax.random.split(key)
+    return lora.attach(init_params(lora.base_config(cfg), k_base), cfg, k_lora)
   specs = param_specs(cfg)
   leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
   keys = jax.random.split(key, len(leaves))

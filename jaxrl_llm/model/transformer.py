@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.model import layers as nn
+from jaxrl_llm.model import lora
 from jaxrl_llm.model.cache import KVCache
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.sharding import constrain
@@ -69,9 +70,9 @@ def _qkv(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH, constrain=_keep):
   (after bias, QK-norm and RoPE, as the cache stores them)."""
   h_BTD = nn.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps, cfg.norm_plus_one)
   h_BTD = constrain(h_BTD, _ROWS)
-  q_BTNH = constrain(jnp.einsum("BTD,DNH->BTNH", h_BTD, p["wq_DNH"]), ("batch", None, "heads", None))
-  k_BTKH = constrain(jnp.einsum("BTD,DKH->BTKH", h_BTD, p["wk_DKH"]), ("batch", None, "kv_heads", None))
-  v_BTKH = constrain(jnp.einsum("BTD,DKH->BTKH", h_BTD, p["wv_DKH"]), ("batch", None, "kv_heads", None))
+  q_BTNH = constrain(lora.project(cfg, "BTD,DNH->BTNH", h_BTD, p, "wq_DNH"), ("batch", None, "heads", None))
+  k_BTKH = constrain(lora.project(cfg, "BTD,DKH->BTKH", h_BTD, p, "wk_DKH"), ("batch", None, "kv_heads", None))
+  v_BTKH = constrain(lora.project(cfg, "BTD,DKH->BTKH", h_BTD, p, "wv_DKH"), ("batch", None, "kv_heads", None))
   if cfg.qkv_bias:
     q_BTNH = q_BTNH + p["bq_NH"][None, None]
     k_BTKH = k_BTKH + p["bk_KH"][None, None]
@@ -91,21 +92,24 @@ def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_
   plus_one = cfg.norm_plus_one
   attn_BTNH = nn.attention(q_BTNH, k_BKHS.astype(dt), v_BKSH.astype(dt), allowed_BTS,
                            scale=cfg.attn_scale, softcap=cfg.attn_softcap)
-  out_BTD = jnp.einsum("BTNH,NHD->BTD", attn_BTNH, p["wo_NHD"])
+  out_BTD = lora.project(cfg, "BTNH,NHD->BTD", attn_BTNH, p, "wo_NHD")
   if cfg.sandwich_norm:
     out_BTD = nn.rms_norm(out_BTD, p["attn_post_norm_D"], cfg.norm_eps, plus_one)
   x_BTD = constrain(x_BTD + out_BTD, _ROWS)
   h_BTD = nn.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps, plus_one)
-  out_BTD = nn.gated_mlp(h_BTD, p["w_gate_DF"], p["w_up_DF"], p["w_down_FD"], cfg.mlp_act)
+  gate_BTF = lora.project(cfg, "BTD,DF->BTF", h_BTD, p, "w_gate_DF")
+  up_BTF = lora.project(cfg, "BTD,DF->BTF", h_BTD, p, "w_up_DF")
+  out_BTD = lora.project(cfg, "BTF,FD->BTD", nn.glu(gate_BTF, up_BTF, cfg.mlp_act), p, "w_down_FD")
   if cfg.sandwich_norm:
     out_BTD = nn.rms_norm(out_BTD, p["mlp_post_norm_D"], cfg.norm_eps, plus_one)
   return constrain(x_BTD + out_BTD, _ROWS)
 
 
 def _cast_layer(cfg: ModelConfig, layer_params: dict) -> dict:
-  """One layer's params, axis-stripped names, in the compute dtype."""
+  """One layer's params, axis-stripped names, in the compute dtype (a QLoRA base dequantised
+  first, model/lora.py)."""
   dt = cfg.compute_jnp_dtype
-  return jax.tree.map(lambda a: a.astype(dt), _strip_layer_axis(layer_params))
+  return jax.tree.map(lambda a: a.astype(dt), lora.dequantize_layer(cfg, _strip_layer_axis(layer_params)))
 
 
 def _strip_layer_axis(layer_params: dict) -> dict:

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 
+from jaxrl_llm.model import lora
 from jaxrl_llm.sampling import loop as sampler_loop
 from jaxrl_llm.tpu import analysis
 from jaxrl_llm.tpu.chips import Chip
@@ -214,9 +215,10 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
   n_dev = mesh.devices.size
   params = param_sds(mc, mesh)
   cfg = shapes.cfg
-  opt = opt_sds(shapes.tx, params, mesh)
+  opt = opt_sds(shapes.tx, lora.trainable(params), mesh)
   p_bytes, o_bytes = bytes_per_chip(params), bytes_per_chip(opt)
   copies = int(cfg.objective.needs_ref or cfg.log.kl_to_ref) + cfg.rollout.staleness  # pi_ref, lagged samplers
+  copy_bytes = bytes_per_chip(lora.trainable(params))  # a snapshot copies what trains (training/context.snapshot)
   reports, full_prefill, probe_prefill = [], {}, {}
   for p in programs:
     t0 = time.time()
@@ -236,7 +238,7 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
     # Held beside the program: the other copies of the params always; the optimizer state except in
     # the programs that take it (update, sft: their own optimizer state is an argument).
     # (The warm start runs before the RL optimizer state and the copies exist: nothing beside it.)
-    outside = 0 if p.name == "sft" else copies * p_bytes + (0 if p.name == "update" else o_bytes)
+    outside = 0 if p.name == "sft" else copies * copy_bytes + (0 if p.name == "update" else o_bytes)
     if p.params_view is not None:  # the sampler's copy is the argument; the policy's stays beside it
       outside += p_bytes
     cost = analysis.cost(compiled, n_dev)

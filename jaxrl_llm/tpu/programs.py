@@ -38,6 +38,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.model import lora
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.sampling import loop as sampler_loop
 from jaxrl_llm.sampling.generate import sampler_model_config
@@ -249,7 +250,7 @@ def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
   micro-batches of the run's micro-batch size."""
   cfg, m = shapes.cfg, shapes.mesh
   vparams = _value_sds(shapes)
-  state = UpdateState(params=params, opt_state=opt_sds(shapes.tx, params, m), value_params=vparams,
+  state = UpdateState(params=params, opt_state=opt_sds(shapes.tx, lora.trainable(params), m), value_params=vparams,
                       value_opt_state=opt_sds(shapes.vtx, vparams, m))
   spec = UpdateSpec(model_cfg=model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
                     n_micro=n_micro, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
@@ -267,7 +268,7 @@ def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
 def lower_sft(shapes: RunShapes, model_cfg, params, rows: int):
   cfg, m = shapes.cfg, shapes.mesh
   tx = sft_optimizer(sft_plan(cfg))
-  opt = opt_sds(tx, params, m)
+  opt = opt_sds(tx, lora.trainable(params), m)
   b = sharding_lib.batch_sharding(m, ndim=1)
   step = sft_step(model_cfg, cfg.kernels.impl, tx, jax.tree.map(lambda x: x.sharding, params),
                   jax.tree.map(lambda x: x.sharding, opt), b)

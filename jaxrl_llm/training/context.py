@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.model import lora
 from jaxrl_llm.model import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.engine import RolloutEngine
@@ -49,5 +50,8 @@ class StepContext:
 
 
 def snapshot(params):
-  """A copy of params (the update donates its inputs, a snapshot must outlive them)."""
-  return jax.tree.map(jnp.copy, params)
+  """A copy of what the update changes (the update donates it, a snapshot must outlive it): the
+  params, or a LoRA model's adapters beside the same frozen base arrays (model/lora.py; the update
+  never donates those), so a LoRA run's KL reference and staleness buffer hold no second base."""
+  trainable, frozen = lora.partition(params)
+  return lora.join(jax.tree.map(jnp.copy, trainable), frozen)

@@ -21,6 +21,7 @@ import ml_collections
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.envs.config import EnvConfig
 from jaxrl_llm.envs.pool import ToolLimits
+from jaxrl_llm.model.config import LoraConfig
 from jaxrl_llm.sampling.config import ServerConfig
 from jaxrl_llm.sampling.mismatch import SamplerMismatch
 from jaxrl_llm.teacher.config import TeacherConfig
@@ -111,6 +112,9 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.model.param_dtype = "float32"  # dtype of the trained params
   c.model.compute_dtype = "float32"  # dtype the trainer's matmuls run in
   c.model.remat = "auto"  # none | full | save_dots | auto: activation recompute in the backward pass; auto: full for a checkpoint model (model.hf_path), none for the tiny one
+  # LoRA / QLoRA (model/lora.py; the fields: model/config.py's LoraConfig): rank 0 trains the full model; rank r
+  # puts adapters on model.lora.targets, only they train, and the frozen base (quantised with model.lora.quant) is the KL reference
+  c.model.lora = section_block(LoraConfig)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # devices on the data axis (batch); -1: all devices not used by the others

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_llm.model import lora
 from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.extension import Extension, SetupEnv
@@ -156,7 +157,7 @@ class Trainer:
     # checkpoint restores them there (a restored leaf committed to one device
     # would not mix with the mesh's arrays).
     step, k_run = jax.device_put((jnp.zeros((), jnp.int32), k_run), replicated)
-    return TrainState(step=step, params=params, opt_state=self._opt_init(self.tx, params),
+    return TrainState(step=step, params=params, opt_state=self._opt_init(self.tx, lora.trainable(params)),
                       value_params=vparams, value_opt_state=self._opt_init(self.vtx, vparams), ref_params=None,
                       lag_params=(), key=k_run, data_state=self.pipeline.get_state())
 
@@ -184,7 +185,7 @@ class Trainer:
     cfg = self.cfg
     need_ref = cfg.objective.needs_ref or cfg.log.kl_to_ref
     state = state.replace(
-        opt_state=self._opt_init(self.tx, state.params),
+        opt_state=self._opt_init(self.tx, lora.trainable(state.params)),
         ref_params=snapshot(state.params) if need_ref else None,
         lag_params=tuple(snapshot(state.params) for _ in range(cfg.rollout.staleness)))
     engine = self.rollout_engine()

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.model import lora
 from jaxrl_llm import faults
 from jaxrl_llm.checks import check_float, check_int
 from jaxrl_llm.tasks.base import Example
@@ -100,10 +101,11 @@ def sft_step(model_cfg, impl: str, tx, param_shardings, opt_shardings, batch_sha
   @functools.partial(jax.jit, in_shardings=(param_shardings, opt_shardings, b, b, b, b),
                      out_shardings=(param_shardings, opt_shardings, None), donate_argnums=(0, 1))
   def step(params, opt_state, prompt_BP, prompt_mask_BP, resp_BR, resp_mask_BR):
-    loss, grads = jax.value_and_grad(_sft_loss)(params, model_cfg, impl, prompt_BP, prompt_mask_BP,
-                                                resp_BR, resp_mask_BR)
-    params, opt_state, _, _ = guarded_update(tx, grads, opt_state, params, loss)
-    return params, opt_state, loss
+    trainable, frozen = lora.partition(params)  # a LoRA model trains its adapters only (model/lora.py)
+    loss, grads = jax.value_and_grad(lambda t: _sft_loss(lora.join(t, frozen), model_cfg, impl, prompt_BP,
+                                                         prompt_mask_BP, resp_BR, resp_mask_BR))(trainable)
+    trainable, opt_state, _, _ = guarded_update(tx, grads, opt_state, trainable, loss)
+    return lora.join(trainable, frozen), opt_state, loss
 
   return step
 
@@ -114,7 +116,7 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, plan: SFTPlan
   if steps == 0:
     return params, {"sft_steps": 0}
   tx = sft_optimizer(plan)
-  opt_state = sharding_lib.onto_mesh(tx.init(params), mesh)
+  opt_state = sharding_lib.onto_mesh(tx.init(lora.trainable(params)), mesh)
   step = sft_step(model_cfg, impl, tx, jax.tree.map(lambda a: a.sharding, params),
                   jax.tree.map(lambda a: a.sharding, opt_state), sharding_lib.batch_sharding(mesh, ndim=1))
   rng = np.random.default_rng(plan.seed)

@@ -31,6 +31,7 @@ from flax import struct
 from jaxrl_llm import faults
 from jaxrl_llm import model as model_lib
 from jaxrl_llm import objectives as obj_lib
+from jaxrl_llm.model import lora
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch, value_head
 from jaxrl_llm.model.logprobs import response_hidden
 from jaxrl_llm.training.optim import guarded_update
@@ -57,7 +58,7 @@ class UpdateState:
   """What one optimizer update reads and replaces (the jitted update donates it)."""
 
   params: dict  # the policy params (model pytree)
-  opt_state: tuple  # optax state of `params`
+  opt_state: tuple  # optax state of `lora.trainable(params)`: the whole model, or a LoRA model's adapters
   value_params: dict  # the value head (PPO; trained only when UpdateSpec.use_value)
   value_opt_state: tuple  # optax state of `value_params`
 
@@ -133,10 +134,12 @@ def _combine_extrema(a: dict, b: dict) -> dict:
 
 def _update(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx):
   """The update and the loss's per-token factors ({name: [mini, R]}, rows in batch order)."""
-  params, opt_state, vparams, vopt_state = state.params, state.opt_state, state.value_params, state.value_opt_state
+  opt_state, vparams, vopt_state = state.opt_state, state.value_params, state.value_opt_state
+  # What trains: the whole model, or a LoRA model's adapters (model/lora.py), the frozen base a constant here.
+  params, frozen = lora.partition(state.params)
   norms = obj_lib.batch_norms(batch.mask_BR, spec.group_size if spec.objective.aggregation ==
                               "group_token_mean" else 1, spec.objective)
-  grad_fn = jax.grad(_micro_loss, argnums=(0, 1), has_aux=True)
+  grad_fn = jax.grad(lambda p, *args: _micro_loss(lora.join(p, frozen), *args), argnums=(0, 1), has_aux=True)
   micro = _split_micro(batch, spec.n_micro)
 
   def body(carry, mb):
@@ -175,7 +178,8 @@ def _update(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpe
   out["update/skipped_nonfinite"] = skipped
   if spec.use_value:
     out["grad/value_norm"] = vgrad_norm
-  new = UpdateState(params=params, opt_state=opt_state, value_params=vparams, value_opt_state=vopt_state)
+  new = UpdateState(params=lora.join(params, frozen), opt_state=opt_state, value_params=vparams,
+                    value_opt_state=vopt_state)
   return new, out, tokens
 
 
@@ -207,37 +211,52 @@ class Updater:
   spec: UpdateSpec
   tx: Any  # optax transformation of the policy params
   vtx: Any  # optax transformation of the value head
-  state_shardings: UpdateState  # the sharding of every leaf of the state (in and out)
+  state_shardings: UpdateState  # the sharding of every leaf of the state (in and out), params: lora.trainable's
+  frozen_shardings: dict | None  # a LoRA model's frozen base's (lora.partition), else None
   batch_sharding: jax.sharding.NamedSharding  # the mini-batch's rows over data x fsdp
   replicated: jax.sharding.NamedSharding  # metrics
 
+  # A LoRA model's frozen base is an argument of its own, not donated: snapshots (the staleness
+  # buffer, the KL reference) share it with the state (training/context.snapshot), and a donated
+  # buffer is gone after the call. The rest of the state is donated: the update replaces it.
+  def _jit(self, fn, extra_out=()):
+    def run(state, frozen, batch, aux):
+      out = fn(state.replace(params=lora.join(state.params, frozen)), batch, aux, spec=self.spec, tx=self.tx,
+               vtx=self.vtx)
+      return (out[0].replace(params=lora.partition(out[0].params)[0]),) + tuple(out[1:])
+    return jax.jit(run, in_shardings=(self.state_shardings, self.frozen_shardings, self.batch_sharding, None),
+                   out_shardings=(self.state_shardings, self.replicated) + extra_out, donate_argnums=(0,))
+
   @functools.cached_property
   def _apply(self):
-    # The state is donated: the update replaces it, the old buffers are dead. `aux` (step.update_aux) is
-    # not donated (the step's updates share it) and keeps the placement update_aux gave it (None).
-    return jax.jit(functools.partial(update_step, spec=self.spec, tx=self.tx, vtx=self.vtx),
-                   in_shardings=(self.state_shardings, self.batch_sharding, None),
-                   out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))
+    # `aux` (step.update_aux) is not donated (the step's updates share it) and keeps the placement
+    # update_aux gave it (None).
+    return self._jit(update_step)
 
   @functools.cached_property
   def _apply_with_factors(self):
     # The per-token factors keep the mini-batch's row axis, sharded like the batch.
-    return jax.jit(functools.partial(update_step_with_factors, spec=self.spec, tx=self.tx, vtx=self.vtx),
-                   in_shardings=(self.state_shardings, self.batch_sharding, None),
-                   out_shardings=(self.state_shardings, self.replicated, self.batch_sharding), donate_argnums=(0,))
+    return self._jit(update_step_with_factors, (self.batch_sharding,))
+
+  def _call(self, fn, state: UpdateState, batch: TrainBatch, aux: dict):
+    trainable, frozen = lora.partition(state.params)
+    out = fn(state.replace(params=trainable), frozen, batch, aux)
+    return (out[0].replace(params=lora.join(out[0].params, frozen)),) + tuple(out[1:])
 
   def apply(self, state: UpdateState, batch: TrainBatch, aux: dict) -> tuple[UpdateState, dict]:
-    """`update_step` on one mini-batch (placed with `batch_sharding`); donates `state`."""
-    return self._apply(state, batch, aux)
+    """`update_step` on one mini-batch (placed with `batch_sharding`); donates `state` (but a
+    LoRA model's frozen base)."""
+    return self._call(self._apply, state, batch, aux)
 
   def apply_with_factors(self, state: UpdateState, batch: TrainBatch, aux: dict) -> tuple[UpdateState, dict, dict]:
-    """`update_step_with_factors` on one mini-batch; donates `state`."""
-    return self._apply_with_factors(state, batch, aux)
+    """`update_step_with_factors` on one mini-batch; donates `state` (but a LoRA model's frozen base)."""
+    return self._call(self._apply_with_factors, state, batch, aux)
 
   def lower(self, state: UpdateState, batch: TrainBatch, aux: dict):
     """`apply`'s program lowered for these arguments (their shapes and shardings): `.compile()` gives
     its HLO, memory and cost analyses."""
-    return self._apply.lower(state, batch, aux)
+    trainable, frozen = lora.partition(state.params)
+    return self._apply.lower(state.replace(params=trainable), frozen, batch, aux)
 
   def compiled_count(self) -> int:
     """How many programs `apply` has compiled (1 for a run whose mini-batches share one shape)."""
@@ -246,6 +265,8 @@ class Updater:
 
 def make_updater(spec: UpdateSpec, tx, vtx, state: UpdateState, batch_sharding, replicated) -> Updater:
   """The `Updater` of `spec` for a state placed like `state` (its arrays' shardings)."""
-  shardings = jax.tree.map(lambda a: a.sharding, state)
-  return Updater(spec=spec, tx=tx, vtx=vtx, state_shardings=shardings, batch_sharding=batch_sharding,
+  trainable, frozen = lora.partition(state.params)
+  shardings = jax.tree.map(lambda a: a.sharding, state.replace(params=trainable))
+  return Updater(spec=spec, tx=tx, vtx=vtx, state_shardings=shardings,
+                 frozen_shardings=jax.tree.map(lambda a: a.sharding, frozen), batch_sharding=batch_sharding,
                  replicated=replicated)

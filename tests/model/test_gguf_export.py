@@ -140,3 +140,26 @@ def test_a_gguf_checkpoints_tokenizer_is_copied(tmp_path, pretrained_gguf):
   text = "What is 2+3?\n  Answer: 5, naïve ½ <|im_end|>"
   assert back.encode(text) == tok.encode(text) and back.eos_ids == tok.eos_ids
   assert back.chat_template == tok.chat_template
+
+
+def test_a_lora_model_exports_merged(tmp_path):
+  """The GGUF of a LoRA model (what the llama.cpp engine loads at each sync) holds W + s A B: read
+  back, it equals lora.merged's params bit for bit (f32)."""
+  from jaxrl_llm.model import lora
+  from jaxrl_llm.model.config import LoraConfig
+
+  base_cfg = _cfg(family="llama", rope_theta=1e5)
+  cfg = base_cfg.replace(lora=LoraConfig(rank=4, alpha=8.0, targets="q,v,down"))
+  params = lora.attach(init_params(base_cfg, jax.random.key(0)), cfg, jax.random.key(1))
+  layers = dict(params["layers"])
+  for t in cfg.lora.targets:  # B != 0: the adapters change the weights
+    b = lora.adapter_names(t)[1]
+    layers[b] = 0.1 * jax.random.normal(jax.random.key(2), layers[b].shape)
+  params = {**params, "layers": layers}
+  info = export_gguf(params, cfg, str(tmp_path / "m.gguf"), tokenizer=TOK, qtype="f32")
+  back, back_cfg = load_hf(gguf_to_hf(info.path, str(tmp_path / "hf"), chat_template=False))
+  merged, merged_cfg = lora.merged(params, cfg)
+  assert back_cfg.lora is None and merged_cfg == base_cfg
+  assert np.abs(_host(merged)["layers"]["wq_LDNH"] - _host(params)["layers"]["wq_LDNH"]).max() > 1e-3
+  for a, b in zip(jax.tree.leaves(_host(merged)), jax.tree.leaves(_host(back))):
+    np.testing.assert_array_equal(a, b)
