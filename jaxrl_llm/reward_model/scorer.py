@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.checkpointing.errors import IncompatibleCheckpointError, NoCheckpointError
-from jaxrl_llm.model.config import ModelConfig, RopeScaling
+from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.logprobs import positions_from_mask
 from jaxrl_llm.model.sharding import logical_to_spec, param_shardings
 
@@ -61,12 +61,7 @@ def reward_scores(params: dict, head: dict, model_cfg: ModelConfig, tokens_BT: j
 
 def model_config_from_dict(d: dict) -> ModelConfig:
   """The ModelConfig a checkpoint's meta recorded (`to_jsonable` of it)."""
-  d = dict(d)
-  if d.get("rope_scaling"):
-    d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
-  if d.get("layer_types"):
-    d["layer_types"] = tuple(d["layer_types"])
-  return ModelConfig(**d)
+  return ModelConfig.from_dict(d)
 
 
 def load_reward_model(path: str, mesh, *, step: int | None = None) -> tuple[dict, dict, ModelConfig]:
