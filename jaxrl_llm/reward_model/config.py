@@ -146,7 +146,10 @@ class RewardModelConfig:
 
 
 def _section(name: str, cls: type, block: dict):
-  check_keys(f"config.{name}", block, [f.name for f in dataclasses.fields(cls)])
+  # A field that is a section of its own (model.lora) keeps its default where the block leaves it out:
+  # the reward model trains its whole trunk, so its config has no model.lora.
+  check_keys(f"config.{name}", block, [f.name for f in dataclasses.fields(cls)
+                                       if f.name in block or not dataclasses.is_dataclass(f.default)])
   try:
     return cls(**block)
   except ConfigError as e:
