@@ -36,6 +36,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import qwix
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import LoraConfig, ModelConfig
@@ -132,8 +133,6 @@ def _stored(quant: str, qvalue: jax.Array) -> jax.Array:
 
 def _qarray(quant: str, values: jax.Array, scale: jax.Array):
   """The qwix QArray of a stored weight (values, scales)."""
-  import qwix
-
   if quant == "nf4":
     values = (values.astype(jnp.int8) + 8).astype(jnp.uint4)
   return qwix.QArray(values, scale.astype(jnp.float32), qtype=_QTYPES[quant])
@@ -161,8 +160,6 @@ def init_adapter(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
 
 def quantise(cfg: ModelConfig, weight: str, w: jax.Array) -> tuple[jax.Array, jax.Array]:
   """-> (values, scales) of stacked weight `weight` held as cfg.lora.quant says (qwix)."""
-  import qwix
-
   lo = cfg.lora
   _, einsum = PROJECTIONS[next(t for t in lo.targets if PROJECTIONS[t][0] == weight)]
   ins, _ = _io_axes(einsum)
@@ -184,8 +181,6 @@ def dequantize_layer(cfg: ModelConfig, p: dict) -> dict:
   (qwix.dequantize) and its scale entry dropped; unchanged without QLoRA."""
   if cfg.lora is None or cfg.lora.quant == "none":
     return p
-  import qwix
-
   out = {}
   for name, value in p.items():
     if _SCALE in name:
@@ -271,8 +266,6 @@ def merged(params: dict, cfg: ModelConfig) -> tuple[dict, ModelConfig]:
     weight, einsum = PROJECTIONS[target]
     w = layers[weight]
     if scale_name(weight) in layers:
-      import qwix
-
       w = qwix.dequantize(_qarray(cfg.lora.quant, w, layers.pop(scale_name(weight))))
     a_name, b_name = adapter_names(target)
     a, b = layers.pop(a_name), layers.pop(b_name)
