@@ -1,29 +1,47 @@
-"""The decoder forward pass as pure functions of a params pytree.
+"""The decoder as Flax NNX modules: `Decoder` (embedding, the stack, final norm, output head) and
+`DecoderLayers` (the L pre-norm blocks).
 
 Local (sliding-window) and global layers share the one block: each layer's
 kind only picks its RoPE table and attention mask, both built once per call
 (see _pick), so a model that mixes them still runs its layers as one scan.
 
-Design: plain functions over a nested dict of arrays rather than Flax NNX
-modules. The train step must be a pure function of params anyway; with a
-plain dict the sharding annotations are one parallel tree of logical axes
-(params.py), Hugging Face names map to our tensors by a flat table
-(hf_io.py), and checkpoints, optimizers and `jax.grad` see exactly the
-arrays, with no module state to split and merge. Layers are stacked and run
-with `lax.scan`, optionally under `jax.checkpoint` (cfg.remat); the decode
-loop unstacks them (unstack_layers) and runs a Python loop over per-layer
-weights and cache buffers instead.
+State. Every parameter is an `nnx.Param` (a LoRA factor an `nnx.LoRAParam`)
+carrying its logical axes as `out_sharding` metadata (the MaxText / Tunix
+convention; `nnx.get_partition_spec` reads them), and the modules' attribute
+names are the names of params.py's table. So `nnx.state(decoder)`'s pure dict
+*is* the params dict the rest of the package holds: optax, Orbax checkpoints
+(old workdirs included), the Hugging Face / GGUF name tables and `jax.grad`
+see exactly the arrays, and `nnx.merge(graphdef(cfg), params)` rebuilds the
+module from them at no cost inside a jitted function (trace time only).
+
+The functions at the bottom (`forward`, `forward_embeddings`, `embed`,
+`lm_head`, `logits`) are that merge followed by the module's method: the form
+every jitted program of a run uses (trainer, sampler, recomputes, teachers,
+reward models), since a jitted step must be a pure function of a state pytree,
+and the form for a user who holds only the state.
+
+Layers. `DecoderLayers` holds all L blocks' weights stacked on a leading
+layer axis (its names carry it: wq_LDNH), and its `__call__` runs one block
+on one layer's slice. `Decoder` runs the stack either as a `lax.scan` over the
+stacked state (one block in the program: quick to compile; training and
+prefill), optionally under `jax.checkpoint` (cfg.remat), or, when built from
+`unstack_layers`' form, as an `nnx.List` of per-layer slices run by a Python
+loop over per-layer weights and cache buffers (the decode loop's form).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxrl_llm.model import layers as nn
 from jaxrl_llm.model import lora
+from jaxrl_llm.model import params as params_lib
 from jaxrl_llm.model.cache import KVCache
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.sharding import constrain
@@ -34,31 +52,6 @@ _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-def embed(params: dict, cfg: ModelConfig, tokens_BT: jax.Array) -> jax.Array:
-  """Token embeddings in the compute dtype; times sqrt(D) with cfg.embed_scale."""
-  dt = cfg.compute_jnp_dtype
-  x_BTD = jnp.take(params["embed_VD"], tokens_BT, axis=0).astype(dt)
-  if cfg.embed_scale:
-    # The factor is rounded to the compute dtype first, as Hugging Face's Gemma
-    # does (bf16: sqrt(640) = 25.298 becomes 25.25).
-    x_BTD = x_BTD * jnp.asarray(cfg.d_model ** 0.5, dt)
-  return x_BTD
-
-
-def lm_head(params: dict, cfg: ModelConfig) -> jax.Array:
-  """w_DV, the output projection (the embedding transposed when tied)."""
-  if cfg.tie_embeddings:
-    return params["embed_VD"].T
-  return params["lm_head_DV"]
-
-
-def logits(params: dict, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
-  """Full logits_BTV in float32 (tests and small vocabularies; the trainer's
-  kernels fuse this product with the log-softmax instead)."""
-  w_DV = lm_head(params, cfg).astype(hidden_BTD.dtype)
-  return jnp.einsum("BTD,DV->BTV", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
 
 
 def _keep(x, axes):
@@ -255,66 +248,231 @@ def _layers_scanned(cfg: ModelConfig, block, x_BTD, layers, cache: KVCache | Non
   return x_BTD, (tuple(k_LBKHS), tuple(v_LBKSH))
 
 
-def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
-                       positions_BT: jax.Array, mask_BT: jax.Array,
-                       cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-  """The decoder stack from input embeddings (see `forward`). The form of `params["layers"]` picks
-  the layer loop: a tuple of per-layer dicts runs unrolled, stacked [L, ...] arrays as a scan."""
-  B, T, _ = x_BTD.shape
-  if positions_BT.shape != (B, T) or mask_BT.shape != (B, T):
-    raise ValueError(
-        f"forward: positions_BT {positions_BT.shape} and mask_BT {mask_BT.shape} must both "
-        f"have the tokens' shape {(B, T)}")
-  mask_BT = mask_BT.astype(jnp.bool_)
-  # The activations' layout (model.sharding.constrain): rows over data x fsdp, so that the compiler
-  # gathers each layer's fsdp-split weights. Not for a decode step (T = 1): there a few rows meet all
-  # the weights, and the compiler's own choice, weights in place and the rows' partial sums reduced,
-  # moves far less (Qwen3-8B, v5p 4x4x4, fsdp 32 x tensor 2, 256 rows, one layer and the head: 0.15 GB
-  # per chip per step left to the compiler, 0.74 GB constrained; docs/tpu.md).
-  layout = constrain if T > 1 else _keep
-  x_BTD = layout(x_BTD, _ROWS)
-  rope_global = nn.rope_tables(positions_BT, cfg)
-  rope_local = nn.rope_tables(positions_BT, cfg, local=True) if cfg.local_rope_differs else rope_global
-  vis = _visibility(cfg, positions_BT, mask_BT, cache)
-  index = vis.index
+@dataclasses.dataclass(frozen=True)
+class _CallInputs:
+  """What every block of one forward call shares: the RoPE tables, the masks, the activations'
+  layout (model.sharding.constrain, or none for a decode step)."""
 
-  def block(x_BTD, layer_params, local, k_BKHS=None, v_BKSH=None):
-    """One layer (local: its kind, see _pick); with a cache layer (k_BKHS,
-    v_BKSH) its T new slots are written first (in place in a donated or
-    loop-carried buffer)."""
-    p = _cast_layer(cfg, layer_params)
-    cos_BTH, sin_BTH = _pick(local, rope_local, rope_global)
-    allowed_BTS = _pick(local, vis.allowed_local_BTS, vis.allowed_global_BTS)
-    q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH, layout)
+  rope_global: tuple
+  rope_local: tuple
+  vis: _Visibility
+  layout: object
+
+
+def _variable(name: str, spec: params_lib.ParamSpec, value, *, sliced: bool = False) -> nnx.Variable:
+  """A parameter of the table as an NNX variable: an `nnx.LoRAParam` for a LoRA factor (the
+  trainable part under cfg.lora), else an `nnx.Param`; its logical axes as `out_sharding`
+  (without the leading layer axis for one layer's slice). Placement stays with the caller
+  (model/sharding.py), so no eager sharding."""
+  kind = nnx.LoRAParam if lora.is_adapter(name) else nnx.Param
+  axes = spec.axes[1:] if sliced else spec.axes
+  return kind(value, out_sharding=axes, eager_sharding=False)
+
+
+class DecoderLayers(nnx.Module):
+  """The decoder's pre-norm blocks, each attention (GQA, RoPE, optional QKV bias, QK-norm,
+  sliding window) then a gated MLP, each branch optionally sandwich-normed.
+
+  Holds the weights of all L layers stacked on a leading layer axis, one attribute per entry of
+  params.py's table (wq_LDNH, w_gate_LDF, ...; LoRA factors and QLoRA scales included), or, with
+  `sliced`, one layer's slice of them under the same names. `__call__` runs one block on one
+  layer's slice: `Decoder` calls it inside a scan over the stacked state, or once per element of
+  an unstacked `nnx.List`.
+  """
+
+  def __init__(self, cfg: ModelConfig, arrays: dict, *, sliced: bool = False):
+    self.cfg = cfg
+    specs = params_lib.param_specs(cfg)["layers"]
+    extra = sorted(set(arrays) - set(specs))
+    if extra:
+      raise ValueError(f"params: unexpected layer tensors {extra} for this ModelConfig")
+    for name, spec in specs.items():
+      if name not in arrays:
+        raise ValueError(f"params: missing layer tensor {name} (expected shape {spec.shape})")
+      setattr(self, name, _variable(name, spec, arrays[name], sliced=sliced))
+
+  def weights(self) -> dict:
+    """This layer's arrays by name (wq_LDNH, ...)."""
+    return nnx.to_pure_dict(nnx.state(self))
+
+  def __call__(self, x_BTD: jax.Array, inputs: _CallInputs, local, k_BKHS=None, v_BKSH=None):
+    """One block on x_BTD -> (x_BTD, k_BKHS, v_BKSH). `local` is the layer's kind (see _pick).
+    With a cache layer (k_BKHS, v_BKSH) the T new slots are written first (in place in a
+    donated or loop-carried buffer); without one the block's own keys and values come back."""
+    cfg = self.cfg
+    p = _cast_layer(cfg, self.weights())
+    cos_BTH, sin_BTH = _pick(local, inputs.rope_local, inputs.rope_global)
+    allowed_BTS = _pick(local, inputs.vis.allowed_local_BTS, inputs.vis.allowed_global_BTS)
+    q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH, inputs.layout)
     if k_BKHS is None:
       k_BKHS, v_BKSH = _bkht(k_BTKH), _bkth(v_BTKH)
     else:
+      index = inputs.vis.index
       k_BKHS = jax.lax.dynamic_update_slice(k_BKHS, _bkht(k_BTKH).astype(k_BKHS.dtype), (0, 0, 0, index))
       v_BKSH = jax.lax.dynamic_update_slice(v_BKSH, _bkth(v_BTKH).astype(v_BKSH.dtype), (0, 0, index, 0))
-    return _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS, layout), k_BKHS, v_BKSH
+    x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS, inputs.layout)
+    return x_BTD, k_BKHS, v_BKSH
 
+
+class Decoder(nnx.Module):
+  """A decoder-only language model (Llama 3 / Qwen2 / Qwen3 / Gemma 3 families, model/config.py).
+
+  `Decoder(cfg, rngs=nnx.Rngs(0))` initialises it (params.init_params, from `rngs.params()`);
+  `Decoder(cfg, params)` wraps existing arrays (a checkpoint, a Hugging Face or GGUF import),
+  stacked, or in `unstack_layers`' form for a decode loop. `nnx.state(decoder).to_pure_dict()`
+  gives the params dict back.
+  """
+
+  def __init__(self, cfg: ModelConfig, params: dict | None = None, *, rngs: nnx.Rngs | None = None):
+    if params is None:
+      if rngs is None:
+        raise ValueError("Decoder: give its params, or rngs to initialise them")
+      params = params_lib.init_params(cfg, rngs.params())
+    self.cfg = cfg
+    specs = params_lib.param_specs(cfg)
+    extra = sorted(set(params) - set(specs))
+    if extra:
+      raise ValueError(f"params: unexpected tensors {extra} for this ModelConfig")
+    for name in ("embed_VD", "final_norm_D", "lm_head_DV"):
+      if name in specs:
+        if name not in params:
+          raise ValueError(f"params: missing tensor {name} (expected shape {specs[name].shape})")
+        setattr(self, name, _variable(name, specs[name], params[name]))
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):
+      if len(layers) != cfg.n_layers:
+        raise ValueError(f"params: {len(layers)} unstacked layers, expected n_layers = {cfg.n_layers}")
+      self.layers = nnx.List([DecoderLayers(cfg, l, sliced=True) for l in layers])
+    else:
+      self.layers = DecoderLayers(cfg, layers)
+
+  def embed(self, tokens_BT: jax.Array) -> jax.Array:
+    """Token embeddings in the compute dtype; times sqrt(D) with cfg.embed_scale."""
+    cfg = self.cfg
+    dt = cfg.compute_jnp_dtype
+    x_BTD = jnp.take(self.embed_VD[...], tokens_BT, axis=0).astype(dt)
+    if cfg.embed_scale:
+      # The factor is rounded to the compute dtype first, as Hugging Face's Gemma
+      # does (bf16: sqrt(640) = 25.298 becomes 25.25).
+      x_BTD = x_BTD * jnp.asarray(cfg.d_model ** 0.5, dt)
+    return x_BTD
+
+  def lm_head(self) -> jax.Array:
+    """w_DV, the output projection (the embedding transposed when tied)."""
+    if self.cfg.tie_embeddings:
+      return self.embed_VD[...].T
+    return self.lm_head_DV[...]
+
+  def logits(self, hidden_BTD: jax.Array) -> jax.Array:
+    """Full logits_BTV in float32 (tests and small vocabularies; the trainer's
+    kernels fuse this product with the log-softmax instead)."""
+    w_DV = self.lm_head().astype(hidden_BTD.dtype)
+    return jnp.einsum("BTD,DV->BTV", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
+
+  def hidden(self, x_BTD: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
+             cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    """The decoder stack from input embeddings (see `__call__`)."""
+    cfg = self.cfg
+    B, T, _ = x_BTD.shape
+    if positions_BT.shape != (B, T) or mask_BT.shape != (B, T):
+      raise ValueError(
+          f"forward: positions_BT {positions_BT.shape} and mask_BT {mask_BT.shape} must both "
+          f"have the tokens' shape {(B, T)}")
+    mask_BT = mask_BT.astype(jnp.bool_)
+    # The activations' layout (model.sharding.constrain): rows over data x fsdp, so that the compiler
+    # gathers each layer's fsdp-split weights. Not for a decode step (T = 1): there a few rows meet all
+    # the weights, and the compiler's own choice, weights in place and the rows' partial sums reduced,
+    # moves far less (Qwen3-8B, v5p 4x4x4, fsdp 32 x tensor 2, 256 rows, one layer and the head: 0.15 GB
+    # per chip per step left to the compiler, 0.74 GB constrained; docs/tpu.md).
+    layout = constrain if T > 1 else _keep
+    x_BTD = layout(x_BTD, _ROWS)
+    rope_global = nn.rope_tables(positions_BT, cfg)
+    rope_local = nn.rope_tables(positions_BT, cfg, local=True) if cfg.local_rope_differs else rope_global
+    vis = _visibility(cfg, positions_BT, mask_BT, cache)
+    inputs = _CallInputs(rope_global=rope_global, rope_local=rope_local, vis=vis, layout=layout)
+
+    # The loops run a pure function of one layer's state (nnx.merge inside), so that the scan
+    # and jax.checkpoint see plain arrays.
+    if isinstance(self.layers, DecoderLayers):
+      layer_def = nnx.graphdef(self.layers)
+      layers = self.layers.weights()
+      run_layers = _layers_scanned
+    else:
+      layer_def = nnx.graphdef(self.layers[0])
+      layers = tuple(layer.weights() for layer in self.layers)
+      run_layers = _layers_unstacked
+
+    def block(x_BTD, layer_state, local, k_BKHS=None, v_BKSH=None):
+      return nnx.merge(layer_def, layer_state)(x_BTD, inputs, local, k_BKHS, v_BKSH)
+
+    x_BTD, kv = run_layers(cfg, block, x_BTD, layers, cache)
+    new_cache = None
+    if kv is not None:
+      new_cache = KVCache(k_BKHS=kv[0], v_BKSH=kv[1], mask_BS=vis.kv_mask_BS, index=vis.index + T,
+                          positions_BS=vis.kv_positions_BS)
+    hidden_BTD = nn.rms_norm(x_BTD, self.final_norm_D[...].astype(x_BTD.dtype), cfg.norm_eps,
+                             cfg.norm_plus_one)
+    return hidden_BTD, new_cache
+
+  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
+               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    """Final-norm hidden states hidden_BTD (compute dtype), and the updated cache.
+
+    Without a cache, token t attends to valid tokens t' <= t of the same row.
+    With a cache, the T tokens go to slots [cache.index, cache.index + T) and
+    attend to valid slots <= their own (prefill and decode are the same call).
+    The caller sizes the cache: index + T must not exceed its length (checked
+    statically only for T; a traced index cannot be checked).
+    """
+    return self.hidden(self.embed(tokens_BT), positions_BT, mask_BT, cache)
+
+
+@functools.lru_cache(maxsize=64)
+def graphdef(cfg: ModelConfig, unstacked: bool = False) -> nnx.GraphDef:
+  """The Decoder's structure for `cfg` (stacked layers, or unstack_layers' form), without its arrays."""
+  shapes = params_lib.param_shapes(cfg)
+  if unstacked:
+    layer = {name: jax.ShapeDtypeStruct(s.shape[1:], s.dtype) for name, s in shapes["layers"].items()}
+    shapes = {**shapes, "layers": (layer,) * cfg.n_layers}
+  return nnx.graphdef(Decoder(cfg, shapes))
+
+
+def bind(params: dict, cfg: ModelConfig) -> Decoder:
+  """The Decoder holding `params` (stacked, or unstack_layers' form): `nnx.merge` of its structure
+  and the state. Inside a jitted function this costs nothing at run time."""
   layers = params["layers"]
-  run_layers = _layers_unstacked if isinstance(layers, (tuple, list)) else _layers_scanned
-  x_BTD, kv = run_layers(cfg, block, x_BTD, layers, cache)
-  new_cache = None
-  if kv is not None:
-    new_cache = KVCache(k_BKHS=kv[0], v_BKSH=kv[1], mask_BS=vis.kv_mask_BS, index=index + T,
-                        positions_BS=vis.kv_positions_BS)
-  hidden_BTD = nn.rms_norm(x_BTD, params["final_norm_D"].astype(x_BTD.dtype), cfg.norm_eps,
-                           cfg.norm_plus_one)
-  return hidden_BTD, new_cache
+  if isinstance(layers, (tuple, list)):
+    return nnx.merge(graphdef(cfg, unstacked=True), {**params, "layers": dict(enumerate(layers))})
+  return nnx.merge(graphdef(cfg), params)
+
+
+def embed(params: dict, cfg: ModelConfig, tokens_BT: jax.Array) -> jax.Array:
+  """Decoder.embed of the model holding `params`."""
+  return bind(params, cfg).embed(tokens_BT)
+
+
+def lm_head(params: dict, cfg: ModelConfig) -> jax.Array:
+  """Decoder.lm_head of the model holding `params`: w_DV."""
+  return bind(params, cfg).lm_head()
+
+
+def logits(params: dict, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
+  """Decoder.logits of the model holding `params`: logits_BTV in float32."""
+  return bind(params, cfg).logits(hidden_BTD)
+
+
+def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
+                       positions_BT: jax.Array, mask_BT: jax.Array,
+                       cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+  """Decoder.hidden of the model holding `params`: the stack from input embeddings. The form of
+  `params["layers"]` picks the layer loop: a tuple of per-layer dicts runs unrolled, stacked
+  [L, ...] arrays as a scan."""
+  return bind(params, cfg).hidden(x_BTD, positions_BT, mask_BT, cache)
 
 
 def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, positions_BT: jax.Array,
             mask_BT: jax.Array, cache: KVCache | None = None
             ) -> tuple[jax.Array, KVCache | None]:
-  """Final-norm hidden states hidden_BTD (compute dtype), and the updated cache.
-
-  Without a cache, token t attends to valid tokens t' <= t of the same row.
-  With a cache, the T tokens go to slots [cache.index, cache.index + T) and
-  attend to valid slots <= their own (prefill and decode are the same call).
-  The caller sizes the cache: index + T must not exceed its length (checked
-  statically only for T; a traced index cannot be checked).
-  """
-  return forward_embeddings(params, cfg, embed(params, cfg, tokens_BT), positions_BT,
-                            mask_BT, cache)
+  """The model holding `params` called on tokens (Decoder.__call__): final-norm hidden states
+  hidden_BTD (compute dtype) and the updated cache."""
+  return bind(params, cfg)(tokens_BT, positions_BT, mask_BT, cache)

@@ -9,11 +9,11 @@ token), so an exported model scores right-padded inputs as this one does
 (`export.py`). With plain-text pairs that token is the EOS closing the
 response (data.py).
 
-The head is `{"w_D": f32 [D]}`, with no bias: the Bradley-Terry loss only
+The head (model/heads.py's RewardHead) is `{"w_D": f32 [D]}`, with no bias: the Bradley-Terry loss only
 sees score differences, so a bias would be learned by the centring penalty
 alone, and transformers' `score` layer has none (`nn.Linear(D, 1,
 bias=False)`), so the exported scores would lose it. It is not PPO's value
-head (training/batch.py): that one is an MLP on a stop-gradient hidden
+head (model/heads.py's ValueHead): that one is an MLP on a stop-gradient hidden
 state, while a reward model trains its trunk and exports to `score`.
 """
 
@@ -28,21 +28,17 @@ from jax.sharding import NamedSharding
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.checkpointing.errors import IncompatibleCheckpointError, NoCheckpointError
 from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.heads import REWARD_HEAD_AXES, reward_head
 from jaxrl_llm.model.logprobs import positions_from_mask
 from jaxrl_llm.model.sharding import logical_to_spec, param_shardings
 
 HEAD_KEY = "reward_head"  # the head's field in a reward model's checkpoint (beside "params", the trunk)
 
 
-def init_reward_head(d_model: int, key: jax.Array) -> dict:
-  """w_D ~ N(0, 0.1^2 / D): initial scores of about 0.1 (unit-RMS hidden states), so the first loss is
-  near log 2 and the trunk gets a gradient from the first step."""
-  return {"w_D": 0.1 * jax.random.normal(key, (d_model,), jnp.float32) / jnp.sqrt(d_model)}
-
-
 def head_shardings(mesh) -> dict:
-  """The head's D split like the trunk's model dim (`embed`, over fsdp)."""
-  return {"w_D": NamedSharding(mesh, logical_to_spec(("embed",)))}
+  """The head's placement from its logical axes (heads.REWARD_HEAD_AXES: D split like the trunk's
+  model dim)."""
+  return {name: NamedSharding(mesh, logical_to_spec(axes)) for name, axes in REWARD_HEAD_AXES.items()}
 
 
 def last_index(mask_BT: jax.Array) -> jax.Array:
@@ -56,7 +52,7 @@ def reward_scores(params: dict, head: dict, model_cfg: ModelConfig, tokens_BT: j
   """r_B (f32): the score of each row of tokens (the module docstring's r)."""
   hidden_BTD, _ = model_lib.forward(params, model_cfg, tokens_BT, positions_from_mask(mask_BT), mask_BT)
   h_BD = jnp.take_along_axis(hidden_BTD, last_index(mask_BT)[:, None, None], axis=1)[:, 0]
-  return jnp.einsum("BD,D->B", h_BD.astype(jnp.float32), head["w_D"].astype(jnp.float32))
+  return reward_head(head, h_BD)
 
 
 def model_config_from_dict(d: dict) -> ModelConfig:

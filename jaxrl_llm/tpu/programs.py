@@ -39,11 +39,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.model import lora
+from jaxrl_llm.model.heads import init_value_head
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.sampling import loop as sampler_loop
 from jaxrl_llm.sampling.generate import sampler_model_config
 from jaxrl_llm.training import recompute as recompute_lib
-from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch, init_value_head
+from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
 from jaxrl_llm.training.sft import sft_optimizer, sft_plan, sft_step
 from jaxrl_llm.training.update import UpdateSpec, UpdateState, make_updater
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import struct
 
 
@@ -37,20 +36,3 @@ class TrainBatch:
 
 # Keys of the update's `aux` (non-row inputs: arrays with no batch axis).
 AUX_BEHAV_HEAD = "behav_head_DV"  # the sampler's output head w_DV, its dtype (TRM's token KL)
-
-
-def init_value_head(d_model: int, key: jax.Array, hidden: int = 64) -> dict:
-  """A small MLP on the (stop-gradient) final hidden state: V(prefix)."""
-  return {
-      "w1_DF": jax.random.normal(key, (d_model, hidden), jnp.float32) / jnp.sqrt(d_model),
-      "b1_F": jnp.zeros((hidden,), jnp.float32),
-      "w2_F": jnp.zeros((hidden,), jnp.float32),
-      "b2": jnp.zeros((), jnp.float32),
-  }
-
-
-def value_head(vparams: dict, hidden_BRD: jax.Array) -> jax.Array:
-  """values_BR; the backbone gets no gradient from the value loss."""
-  h = jax.lax.stop_gradient(hidden_BRD).astype(jnp.float32)
-  z_BRF = jax.nn.relu(jnp.einsum("BRD,DF->BRF", h, vparams["w1_DF"]) + vparams["b1_F"][None, None, :])
-  return jnp.einsum("BRF,F->BR", z_BRF, vparams["w2_F"]) + vparams["b2"]

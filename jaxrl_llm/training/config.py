@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checks import ConfigError, bad, check_bool, check_choice, check_float, check_int, check_keys

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm.model import lora
+from jaxrl_llm.model.heads import init_value_head
 from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.extension import Extension, SetupEnv
@@ -34,7 +35,6 @@ from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training import provenance, setup
 from jaxrl_llm.training.async_rollout import AsyncRollouts
-from jaxrl_llm.training.batch import init_value_head
 from jaxrl_llm.training.config import RunConfig
 from jaxrl_llm.training.context import StepContext, snapshot
 from jaxrl_llm.training.episodes import EpisodeEngine, episode_player

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.model.heads import value_head
 from jaxrl_llm.model.logprobs import response_hidden, response_logprobs
 from jaxrl_llm.sampling.engine import sampler_view
 from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched_params
-from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, value_head
+from jaxrl_llm.training.batch import AUX_BEHAV_HEAD
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "temperature", "impl", "with_values"))

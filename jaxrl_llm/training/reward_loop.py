@@ -31,12 +31,13 @@ from flax import struct
 from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import sharding as sharding_lib
+from jaxrl_llm.model.heads import init_reward_head
 from jaxrl_llm.model.tokenizer import CharTokenizer, check_hf_dir, make_tokenizer
 from jaxrl_llm.reward_model import data as data_lib
 from jaxrl_llm.reward_model.config import RewardModelConfig
 from jaxrl_llm.reward_model.export import check_exportable, save_reward_hf
 from jaxrl_llm.reward_model.loss import bradley_terry_loss, pair_stats
-from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, init_reward_head, reward_scores
+from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, reward_scores
 from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
 from jaxrl_llm.training import provenance
 from jaxrl_llm.training.optim import adamw, guarded_update, warmup_schedule

@@ -32,7 +32,8 @@ from jaxrl_llm import faults
 from jaxrl_llm import model as model_lib
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.model import lora
-from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch, value_head
+from jaxrl_llm.model.heads import value_head
+from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
 from jaxrl_llm.model.logprobs import response_hidden
 from jaxrl_llm.training.optim import guarded_update
 from jaxrl_llm.training.vocab_terms import vocab_terms

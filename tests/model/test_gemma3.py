@@ -218,10 +218,12 @@ def test_gradients_through_the_scan_equal_the_unrolled_loop(gemma_dir):
 def test_embedding_scale_is_rounded_like_transformers():
   """sqrt(640) = 25.298 is rounded to the compute dtype before the product
   (bf16: 25.25), as Gemma3TextScaledWordEmbedding does."""
-  from jaxrl_llm.model import embed
-  cfg = ModelConfig.preset("gemma3_270m", vocab_size=3, param_dtype="bfloat16", compute_dtype="bfloat16")
+  from jaxrl_llm.model import embed, param_shapes
+  cfg = ModelConfig.preset("gemma3_270m", vocab_size=3, n_layers=1, layer_types=("sliding_attention",), param_dtype="bfloat16",
+                           compute_dtype="bfloat16")
   table = np.array(jax.random.normal(jax.random.key(5), (3, 640)), np.float32)  # a writable copy
-  ours = embed({"embed_VD": jnp.asarray(table, jnp.bfloat16)}, cfg, jnp.asarray([[2, 0, 1]]))
+  params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), param_shapes(cfg))  # the rest unused
+  ours = embed({**params, "embed_VD": jnp.asarray(table, jnp.bfloat16)}, cfg, jnp.asarray([[2, 0, 1]]))
   ref_module = transformers.models.gemma3.modeling_gemma3.Gemma3TextScaledWordEmbedding(
       3, 640, padding_idx=0, embed_scale=640 ** 0.5)
   with torch.no_grad():
