@@ -107,6 +107,7 @@ def _our_config(args):
   c.train.lr, c.train.warmup_steps, c.train.lr_decay_to = args.lr, 0, 1.0
   c.log.kl_to_ref, c.log.progress = False, False
   c.train.prox = args.prox
+  c.train.share_prompt = args.share_prompt
   c.data.reward_workers = 0  # scored in the process, like TRL's reward function
   c.eval.n_examples = 8  # never evaluated here; only the held-out split is built
   return c
@@ -132,7 +133,8 @@ def _prepare(args) -> dict:
     cfg = tr.cfg
     return {"hf_dir": cfg.model.hf_path, "max_prompt_len": cfg.data.max_prompt_len,
             "eos_ids": list(tr.sampling_cfg.eos_ids), "micro_batch_size": cfg.micro_batch_size,
-            "mini_batch_size": cfg.mini_batch_size, "remat": cfg.model.remat_policy, "prox": cfg.train.prox, "method": cfg.method,
+            "mini_batch_size": cfg.mini_batch_size, "remat": cfg.model.remat_policy, "prox": cfg.train.prox, "share_prompt": cfg.train.share_prompt,
+            "prompt_group": cfg.prompt_group, "method": cfg.method,
             "aggregation": cfg.objective.aggregation, "steps": steps}
 
 
@@ -327,6 +329,8 @@ def main():
   parser.add_argument("--prox", default="recompute", choices=("recompute", "detach"),
                       help="ours' train.prox: recompute log pi_prox with a forward pass, or detach the update's "
                       "own log-probs (TRL's way at one update per generation)")
+  parser.add_argument("--share-prompt", default="auto", choices=("auto", "on", "off"),
+                      help="ours' train.share_prompt: run each group's prompt once in the update and the recompute")
   parser.add_argument("--skip", nargs="*", default=(), choices=("ours", "trl"))
   parser.add_argument("--child-timeout", type=float, default=3600.0, help="seconds one child process may take")
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -74,7 +74,8 @@ def base_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def grid_dir(tmp_path_factory, base_file):
-  """The grid, SIGKILLed (lab and runs) once its first cell is done, then rerun to the end."""
+  """The grid, SIGKILLed (lab and runs) once its first cell is done and a later run has started (so
+  the kill always lands mid-run), then rerun to the end."""
   out = str(tmp_path_factory.mktemp("lab") / "sweep")
   proc = subprocess.Popen(_lab_argv(out, base_file), env=_env(), start_new_session=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -83,8 +84,10 @@ def grid_dir(tmp_path_factory, base_file):
   while time.time() < deadline and proc.poll() is None:
     time.sleep(0.3)
     if os.path.exists(os.path.join(out, runner.LAB_LOG)):
-      done = [e["run"] for e in _events(out) if e["event"] == "done" and not e["run"].startswith("warm_start")]
-      if done:
+      events = _events(out)
+      done = [e["run"] for e in events if e["event"] == "done" and not e["run"].startswith("warm_start")]
+      running = {e["run"] for e in events if e["event"] == "start"} - {e["run"] for e in events if e["event"] == "done"}
+      if done and running:
         first_done = done
         break
   assert first_done, proc.communicate()[0].decode()[-3000:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jaxrl_llm import model as model_lib
@@ -80,13 +81,77 @@ def head_logprobs(hidden_ND, w_DV, targets_N, *, temperature: float, impl: str):
   return out.logp, out.entropy
 
 
-def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR):
-  """hidden_BRD: the final hidden state that predicts response token t."""
+def forward_flops(cfg, n_seqs: int, length: int) -> float:
+  """The decoder's forward FLOPs over n_seqs sequences of `length` slots (the dense attention
+  computes every (query, key) pair, masked or not; embedding and output head left out): per layer
+  2 x (D (N + 2K) H + N H D + 3 D F) per slot for the projections and the MLP, 4 N H per pair."""
+  per_slot = 2 * (cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+                  + cfg.n_heads * cfg.head_dim * cfg.d_model + 3 * cfg.d_model * cfg.d_ff)
+  per_pair = 4 * cfg.n_heads * cfg.head_dim
+  return cfg.n_layers * n_seqs * (length * per_slot + length * length * per_pair)
+
+
+def shared_prompt_pays(cfg, P: int, R: int, G: int) -> bool:
+  """Whether one sequence per group (P + G R slots) costs fewer forward FLOPs than G rows of P + R
+  (`forward_flops`): it saves (G - 1) P slots of projections and MLP and pays for a longer attention
+  (G responses in one sequence). Long prompts and short responses win; the tiny model's 6-token
+  prompts before 8 responses of 8 lose."""
+  return forward_flops(cfg, 1, P + G * R) < forward_flops(cfg, G, P + R)
+
+
+def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
+                    *, prompt_group: int = 1, always_share: bool = False):
+  """hidden_BRD: the final hidden state that predicts response token t.
+
+  prompt_group = G > 1: the rows come in groups of G consecutive rows that share one prompt (a
+  GRPO group; the caller guarantees it, training/step.py checks it), and each group may run as one
+  sequence, its prompt once and its G responses after it (`shared_prompt_rows`): the same function
+  of the params (each response attends to the prompt and to itself, at the positions of its own
+  row), with the prompt's activations computed once and its gradient the sum over the group. It
+  does where that costs fewer FLOPs for these shapes (`shared_prompt_pays`, decided when tracing),
+  or always with `always_share`.
+  """
   P, R = prompt_BP.shape[1], response_BR.shape[1]
+  if prompt_group > 1 and (always_share or shared_prompt_pays(model_cfg, P, R, prompt_group)):
+    G = prompt_group
+    B = prompt_BP.shape[0]
+    if B % G:
+      raise ValueError(f"response_hidden: {B} rows are not whole groups of prompt_group={G}")
+    tokens_nT, mask_nT, positions_nT, segments_nT, slots_GR = shared_prompt_rows(
+        prompt_BP, prompt_mask_BP, response_BR, response_mask_BR, G)
+    hidden_nTD, _ = model_lib.forward(params, model_cfg, tokens_nT, positions_nT, mask_nT,
+                                      segments_BT=segments_nT)
+    return hidden_nTD[:, slots_GR].reshape(B, R, hidden_nTD.shape[-1])
   tokens_BT = jnp.concatenate([prompt_BP, response_BR], axis=1)
   mask_BT = jnp.concatenate([prompt_mask_BP, response_mask_BR], axis=1)
   hidden_BTD, _ = model_lib.forward(params, model_cfg, tokens_BT, positions_from_mask(mask_BT), mask_BT)
   return hidden_BTD[:, P - 1:P - 1 + R]
+
+
+def shared_prompt_rows(prompt_BP, prompt_mask_BP, response_BR, response_mask_BR, G: int):
+  """The n = B / G groups of G rows sharing a prompt, each as one sequence of T = P + G R slots:
+  [prompt | response 1 | ... | response G]. -> (tokens_nT, mask_nT, positions_nT, segments_nT,
+  slots_GR): the prompt is segment 0 and response g segment g + 1 (so response g sees the prompt
+  and its own earlier tokens, model.forward's segments_BT); a response token's position is the one
+  it has in its own row [prompt | response g] (positions_from_mask); slots_GR[g, t] is the slot
+  whose hidden state predicts response g's token t (the prompt's last slot for t = 0). The group's
+  prompt is its first row's."""
+  B, P = prompt_BP.shape
+  R = response_BR.shape[1]
+  n = B // G
+  prompt_nP, pmask_nP = prompt_BP[::G], prompt_mask_BP[::G]
+  rmask_nGR = response_mask_BR.reshape(n, G, R)
+  tokens_nT = jnp.concatenate([prompt_nP, response_BR.reshape(n, G * R)], axis=1)
+  mask_nT = jnp.concatenate([pmask_nP, rmask_nGR.reshape(n, G * R)], axis=1)
+  n_prompt_n = jnp.sum(pmask_nP.astype(jnp.int32), axis=1)
+  resp_pos_nGR = n_prompt_n[:, None, None] + jnp.cumsum(rmask_nGR.astype(jnp.int32), axis=2) - 1
+  positions_nT = jnp.maximum(jnp.concatenate([jnp.cumsum(pmask_nP.astype(jnp.int32), axis=1) - 1,
+                                              resp_pos_nGR.reshape(n, G * R)], axis=1), 0)
+  segments_T = np.concatenate([np.zeros(P, np.int32), np.repeat(np.arange(1, G + 1, dtype=np.int32), R)])
+  segments_nT = jnp.broadcast_to(jnp.asarray(segments_T), (n, P + G * R))
+  t_R = np.arange(R)
+  slots_GR = np.where(t_R[None, :] == 0, P - 1, P + np.arange(G)[:, None] * R + t_R[None, :] - 1)
+  return tokens_nT, mask_nT, positions_nT, segments_nT, slots_GR
 
 
 def full_logprobs(hidden_BRD, w_DV, *, temperature: float):
@@ -98,8 +163,12 @@ def full_logprobs(hidden_BRD, w_DV, *, temperature: float):
 
 
 def response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
-                      *, temperature: float, impl: str) -> ResponseLogprobs:
-  hidden_BRD = response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR)
+                      *, temperature: float, impl: str, prompt_group: int = 1,
+                      always_share: bool = False) -> ResponseLogprobs:
+  """log pi(y_t | prefix), its entropy and hidden state per response token (prompt_group,
+  always_share: see response_hidden)."""
+  hidden_BRD = response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
+                               prompt_group=prompt_group, always_share=always_share)
   B, R, D = hidden_BRD.shape
   logp_N, entropy_N = head_logprobs(hidden_BRD.reshape(B * R, D), model_lib.lm_head(params, model_cfg),
                                     response_BR.reshape(B * R), temperature=temperature, impl=impl)

@@ -162,9 +162,11 @@ class _Visibility:
   allowed_local_BTS: jax.Array  # bool [B, T, S]: a sliding-window layer's mask (= global without local layers)
 
 
-def _visibility(cfg: ModelConfig, positions_BT, mask_BT, cache: KVCache | None) -> _Visibility:
+def _visibility(cfg: ModelConfig, positions_BT, mask_BT, cache: KVCache | None,
+                segments_BT: jax.Array | None = None) -> _Visibility:
   """The attention masks of one call: causal over valid slots, and a local layer's window in
-  positions (q - W < k <= q: the last W tokens of the row, however padding spreads them over the slots)."""
+  positions (q - W < k <= q: the last W tokens of the row, however padding spreads them over the slots).
+  With segments_BT (no cache), a query sees the earlier slots of its own segment and of segment 0."""
   B, T = mask_BT.shape
   slots_T = jnp.arange(T, dtype=jnp.int32)
   kv_positions_BS = None
@@ -194,6 +196,13 @@ def _visibility(cfg: ModelConfig, positions_BT, mask_BT, cache: KVCache | None) 
   q_slots_T = index + slots_T
   allowed_global_BTS = (kv_mask_BS[:, None, :]
                         & (slots_S[None, None, :] <= q_slots_T[None, :, None]))
+  if segments_BT is not None:
+    if cache is not None:
+      raise ValueError("forward: segments_BT is for a forward without a cache")
+    if segments_BT.shape != mask_BT.shape:
+      raise ValueError(f"forward: segments_BT {segments_BT.shape} must have the tokens' shape {mask_BT.shape}")
+    seg_q_BT1, seg_k_B1S = segments_BT[:, :, None], segments_BT[:, None, :]
+    allowed_global_BTS = allowed_global_BTS & ((seg_k_B1S == 0) | (seg_k_B1S == seg_q_BT1))
   allowed_local_BTS = allowed_global_BTS
   if cfg.has_local_layers:
     in_window_BTS = (positions_BT[:, :, None] - kv_positions_BS[:, None, :]) < cfg.sliding_window
@@ -370,7 +379,8 @@ class Decoder(nnx.Module):
     return jnp.einsum("BTD,DV->BTV", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
 
   def hidden(self, x_BTD: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
-             cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+             cache: KVCache | None = None, segments_BT: jax.Array | None = None
+             ) -> tuple[jax.Array, KVCache | None]:
     """The decoder stack from input embeddings (see `__call__`)."""
     cfg = self.cfg
     B, T, _ = x_BTD.shape
@@ -388,7 +398,7 @@ class Decoder(nnx.Module):
     x_BTD = layout(x_BTD, _ROWS)
     rope_global = nn.rope_tables(positions_BT, cfg)
     rope_local = nn.rope_tables(positions_BT, cfg, local=True) if cfg.local_rope_differs else rope_global
-    vis = _visibility(cfg, positions_BT, mask_BT, cache)
+    vis = _visibility(cfg, positions_BT, mask_BT, cache, segments_BT)
     inputs = _CallInputs(rope_global=rope_global, rope_local=rope_local, vis=vis, layout=layout)
 
     # The loops run a pure function of one layer's state (nnx.merge inside), so that the scan
@@ -415,16 +425,20 @@ class Decoder(nnx.Module):
     return hidden_BTD, new_cache
 
   def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
-               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+               cache: KVCache | None = None, segments_BT: jax.Array | None = None
+               ) -> tuple[jax.Array, KVCache | None]:
     """Final-norm hidden states hidden_BTD (compute dtype), and the updated cache.
 
-    Without a cache, token t attends to valid tokens t' <= t of the same row.
+    Without a cache, token t attends to valid tokens t' <= t of the same row; with segments_BT
+    (int32, no cache), only those of its own segment and of segment 0, a prefix its row's segments
+    share (logprobs.response_hidden's shared prompt: the prompt is segment 0 and each response a
+    segment of its own, so G responses attend to one copy of the prompt).
     With a cache, the T tokens go to slots [cache.index, cache.index + T) and
     attend to valid slots <= their own (prefill and decode are the same call).
     The caller sizes the cache: index + T must not exceed its length (checked
     statically only for T; a traced index cannot be checked).
     """
-    return self.hidden(self.embed(tokens_BT), positions_BT, mask_BT, cache)
+    return self.hidden(self.embed(tokens_BT), positions_BT, mask_BT, cache, segments_BT)
 
 
 @functools.lru_cache(maxsize=64)
@@ -463,16 +477,17 @@ def logits(params: dict, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
 
 def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
                        positions_BT: jax.Array, mask_BT: jax.Array,
-                       cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                       cache: KVCache | None = None, segments_BT: jax.Array | None = None
+                       ) -> tuple[jax.Array, KVCache | None]:
   """Decoder.hidden of the model holding `params`: the stack from input embeddings. The form of
   `params["layers"]` picks the layer loop: a tuple of per-layer dicts runs unrolled, stacked
   [L, ...] arrays as a scan."""
-  return bind(params, cfg).hidden(x_BTD, positions_BT, mask_BT, cache)
+  return bind(params, cfg).hidden(x_BTD, positions_BT, mask_BT, cache, segments_BT)
 
 
 def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, positions_BT: jax.Array,
-            mask_BT: jax.Array, cache: KVCache | None = None
+            mask_BT: jax.Array, cache: KVCache | None = None, segments_BT: jax.Array | None = None
             ) -> tuple[jax.Array, KVCache | None]:
   """The model holding `params` called on tokens (Decoder.__call__): final-norm hidden states
   hidden_BTD (compute dtype) and the updated cache."""
-  return bind(params, cfg)(tokens_BT, positions_BT, mask_BT, cache)
+  return bind(params, cfg)(tokens_BT, positions_BT, mask_BT, cache, segments_BT)

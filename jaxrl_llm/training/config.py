@@ -33,6 +33,7 @@ from jaxrl_llm.training.prox import PROX_CHOICES, ProxPlan, resolve_prox
 from jaxrl_llm.training.sft import SFTConfig
 
 
+SHARE_PROMPT_CHOICES = ("auto", "on", "off")
 AUTO_MICRO_BATCH_TOKENS = 2048  # train.micro_batch_tokens = 0 with a checkpoint model
 
 
@@ -61,6 +62,7 @@ class TrainConfig:
   clip_norm: float
   value_lr: float
   prox: str  # where log pi_prox comes from: recompute | detach (training/prox.py)
+  share_prompt: str  # a group's prompt run once per forward of the update and recompute: auto | on | off
 
   def __post_init__(self):
     check_int("config.train.steps", self.steps, 0)
@@ -77,6 +79,7 @@ class TrainConfig:
     check_float("config.train.clip_norm", self.clip_norm, 0.0)
     check_float("config.train.value_lr", self.value_lr, 0.0, 1.0, low_open=True)
     check_choice("config.train.prox", self.prox, PROX_CHOICES)
+    check_choice("config.train.share_prompt", self.share_prompt, SHARE_PROMPT_CHOICES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +172,22 @@ class RunConfig:
     return self.train.micro_batch_size or self.mini_batch_size
 
   @property
+  def prompt_group(self) -> int:
+    """G where the update's and the recompute's forward passes run each group's prompt once
+    (`train.share_prompt`, model/logprobs.response_hidden), else 1. Needs whole groups in every
+    micro-batch (and recompute chunk, the same size) and mini-batch; "auto" shares where they are
+    whole and where it costs fewer FLOPs for the batch's shapes (logprobs.shared_prompt_pays, decided
+    per compiled shape), "on" always, and refuses a config without whole groups (`_check`)."""
+    G = self.rollout.group_size
+    if self.train.share_prompt == "off" or G == 1 or not self._whole_groups():
+      return 1
+    return G
+
+  def _whole_groups(self) -> bool:
+    G = self.rollout.group_size
+    return self.mini_batch_size % G == 0 and self.micro_batch_size % G == 0
+
+  @property
   def response_len(self) -> int:
     """R, the response tokens of a batch row: an episode's after its opening prompt (env.max_tokens),
     or a single-turn sample's (rollout.max_response_len)."""
@@ -229,6 +248,10 @@ class RunConfig:
       raise bad("config.train.micro_batch_size", tr.micro_batch_size,
                 f"aggregation 'group_token_mean' needs whole groups: mini-batch ({mini}) and micro-batch "
                 f"({self.micro_batch_size}) sizes must be multiples of group_size={G}")
+    if tr.share_prompt == "on" and G > 1 and not self._whole_groups():
+      raise bad("config.train.share_prompt", "on",
+                f"needs whole groups: mini-batch ({mini}) and micro-batch ({self.micro_batch_size}) sizes "
+                f"must be multiples of group_size={G}; 'auto' shares only where they are")
     late = [n for n in self.log.dump_steps if n > tr.steps]
     if late:
       raise bad("config.log.dump_steps", self.log.dump_steps, f"steps {late} are past train.steps={tr.steps}: "

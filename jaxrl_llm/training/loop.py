@@ -215,7 +215,8 @@ class Trainer:
     spec = UpdateSpec(model_cfg=self.model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
                       n_micro=cfg.mini_batch_size // cfg.micro_batch_size, temperature=cfg.rollout.temperature,
                       impl=cfg.kernels.impl, use_value=cfg.use_value, extra_terms=extra_terms,
-                      prox_source=cfg.prox.source)
+                      prox_source=cfg.prox.source, prompt_group=cfg.prompt_group,
+                      always_share=cfg.train.share_prompt == "on")
     return make_updater(spec, self.tx, self.vtx, state.update_state(), self.batch_sharding,
                         sharding_lib.replicated(self.mesh))
 

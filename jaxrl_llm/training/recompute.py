@@ -20,13 +20,15 @@ from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "temperature", "impl", "with_values"))
+@functools.partial(jax.jit, static_argnames=("model_cfg", "temperature", "impl", "with_values", "prompt_group",
+                                                 "always_share"))
 def _chunk(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, *, model_cfg, temperature,
-           impl, with_values):
+           impl, with_values, prompt_group=1, always_share=False):
   # The forward reads every response token (context_BR: an episode's observations too); log-probs and
   # values are kept on the sampled tokens (mask_BR) only.
   lp = response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, context_BR,
-                         temperature=temperature, impl=impl)
+                         temperature=temperature, impl=impl, prompt_group=prompt_group,
+                         always_share=always_share)
   logp_BR = jnp.where(mask_BR, lp.logp_BR, 0.0)
   values_BR = value_head(vparams, lp.hidden_BRD) if with_values else jnp.zeros_like(logp_BR)
   return logp_BR, jnp.where(mask_BR, values_BR, 0.0)
@@ -42,6 +44,8 @@ class RecomputeSpec:
   impl: str  # kernels.impl
   chunk: int  # rows per forward pass (the micro-batch size)
   sharding: jax.sharding.NamedSharding | None = None  # the rows' sharding over the mesh
+  prompt_group: int = 1  # G: rows in groups of G sharing a prompt, run once (model/logprobs.response_hidden)
+  always_share: bool = False  # share the prompt even where it costs more FLOPs (train.share_prompt=on)
 
 
 def _row_chunks(rows, chunk: int, sharding):
@@ -61,7 +65,8 @@ def policy_logprobs(params, rows, spec: RecomputeSpec, *, vparams=None, with_val
   """-> (logp_BR, values_BR) of `rows`' response tokens under `params` as host f32 arrays (values from
   the value head `vparams`, zero unless with_values)."""
   outs = [jax.device_get(_chunk(params, vparams, *args, model_cfg=spec.model_cfg, temperature=spec.temperature,
-                                impl=spec.impl, with_values=with_values))
+                                impl=spec.impl, with_values=with_values, prompt_group=spec.prompt_group,
+                                always_share=spec.always_share))
           for args in _row_chunks(rows, spec.chunk, spec.sharding)]
   return (np.concatenate([o[0] for o in outs]).astype(np.float32),
           np.concatenate([o[1] for o in outs]).astype(np.float32))

@@ -193,6 +193,19 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
                      data_state=rounds.data_state)
 
 
+def check_shared_prompts(prompt_BP, prompt_mask_BP, G: int) -> None:
+  """Raise where a group of G consecutive rows does not hold one prompt (train.share_prompt runs each
+  group's prompt once: model/logprobs.response_hidden). The sampler writes a group's G samples of
+  one prompt as consecutive rows; this guards that layout."""
+  p_nGP = np.asarray(prompt_BP).reshape(-1, G, np.shape(prompt_BP)[1])
+  m_nGP = np.asarray(prompt_mask_BP).reshape(p_nGP.shape)
+  same = (p_nGP == p_nGP[:, :1]) | ~m_nGP  # padding slots may hold anything
+  bad_n = ~(np.all(same, axis=(1, 2)) & np.all(m_nGP == m_nGP[:, :1], axis=(1, 2)))
+  if bad_n.any():
+    raise ValueError(f"train.share_prompt: the rows of group {int(np.argmax(bad_n))} do not share one prompt "
+                     f"(groups of rollout.group_size={G} consecutive rows); set train.share_prompt=off")
+
+
 def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[TrainBatch, dict]:
   """The update's batch: the recomputes (pi_prox and values, pi_ref, the sampler's hidden states),
   the advantages, then each extension's rewrite. -> (batch, the stage's metrics)."""
@@ -206,7 +219,10 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
   B, R = mask_BR.shape
   zeros = np.zeros((B, R), np.float32)
   spec = RecomputeSpec(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
-                       chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding)
+                       chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding, prompt_group=cfg.prompt_group,
+                       always_share=cfg.train.share_prompt == "on")
+  if cfg.prompt_group > 1:
+    check_shared_prompts(samples.prompt_BP, samples.prompt_mask_BP, cfg.prompt_group)
   prox_logp, values = zeros, zeros
   need_prox = cfg.prox.forward  # training/prox.py
   if need_prox:

@@ -75,6 +75,8 @@ class UpdateSpec:
   temperature: float  # the sampling temperature: pi_theta is evaluated at it, like mu
   impl: str  # kernels.impl
   use_value: bool  # PPO: train the value head
+  prompt_group: int = 1  # G: rows in groups of G sharing a prompt, run once (model/logprobs.response_hidden); 1: no sharing
+  always_share: bool = False  # share the prompt even where it costs more FLOPs (train.share_prompt=on)
   prox_source: str = "recompute"  # log pi_prox: the batch's recompute | detach (this pass's, gradient stopped) | behaviour (mu); training/prox.py
   extra_terms: tuple[tuple[str, ExtraTerm], ...] = ()
 
@@ -83,7 +85,7 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
   obj = spec.objective
   # The model reads every response token (an episode's observations too); the loss weighs mask_BR's.
   hidden_BRD = response_hidden(params, spec.model_cfg, mb.prompt_BP, mb.prompt_mask_BP, mb.tokens_BR,
-                               mb.attend_BR)
+                               mb.attend_BR, prompt_group=spec.prompt_group, always_share=spec.always_share)
   if faults.traced("logits_nan"):  # the reliability matrix: non-finite logits in every update
     hidden_BRD = hidden_BRD * jnp.nan
   vt = vocab_terms(
