@@ -91,11 +91,18 @@ def forward_flops(cfg, n_seqs: int, length: int) -> float:
   return cfg.n_layers * n_seqs * (length * per_slot + length * length * per_pair)
 
 
-def shared_prompt_pays(cfg, P: int, R: int, G: int) -> bool:
+def shared_prompt_pays(cfg, P: int, R: int, G: int, rows: int | None = None) -> bool:
   """Whether one sequence per group (P + G R slots) costs fewer forward FLOPs than G rows of P + R
   (`forward_flops`): it saves (G - 1) P slots of projections and MLP and pays for a longer attention
-  (G responses in one sequence). Long prompts and short responses win; the tiny model's 6-token
-  prompts before 8 responses of 8 lose."""
+  (G responses in one sequence), so long prompts before short responses win. With `rows` (the
+  batch) on a mesh in context, the rows / G sequences must also split evenly over its batch axes
+  (else some devices would idle or the compiler would replicate them)."""
+  if rows is not None:
+    from jaxrl_llm.model.sharding import BATCH_AXES  # pylint: disable=import-outside-toplevel
+    mesh = jax.sharding.get_abstract_mesh()
+    shards = 1 if mesh.empty else int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))
+    if (rows // G) % shards:
+      return False
   return forward_flops(cfg, 1, P + G * R) < forward_flops(cfg, G, P + R)
 
 
@@ -108,11 +115,11 @@ def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, r
   sequence, its prompt once and its G responses after it (`shared_prompt_rows`): the same function
   of the params (each response attends to the prompt and to itself, at the positions of its own
   row), with the prompt's activations computed once and its gradient the sum over the group. It
-  does where that costs fewer FLOPs for these shapes (`shared_prompt_pays`, decided when tracing),
-  or always with `always_share`.
+  does where that costs fewer FLOPs for these shapes and the groups split evenly over the mesh
+  (`shared_prompt_pays`, decided when tracing), or always with `always_share`.
   """
   P, R = prompt_BP.shape[1], response_BR.shape[1]
-  if prompt_group > 1 and (always_share or shared_prompt_pays(model_cfg, P, R, prompt_group)):
+  if prompt_group > 1 and (always_share or shared_prompt_pays(model_cfg, P, R, prompt_group, prompt_BP.shape[0])):
     G = prompt_group
     B = prompt_BP.shape[0]
     if B % G:

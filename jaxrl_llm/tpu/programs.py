@@ -225,7 +225,8 @@ def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int):
           _rows(m, (rows, R), jnp.bool_), _rows(m, (rows, R), jnp.bool_))
   return recompute_lib._chunk.lower(  # pylint: disable=protected-access
       params, _value_sds(shapes), *args, model_cfg=model_cfg, temperature=cfg.rollout.temperature,
-      impl=cfg.kernels.impl, with_values=cfg.use_value)
+      impl=cfg.kernels.impl, with_values=cfg.use_value, prompt_group=cfg.prompt_group,
+      always_share=cfg.train.share_prompt == "on")
 
 
 def train_batch(shapes: RunShapes, rows: int) -> TrainBatch:
@@ -255,7 +256,8 @@ def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
                       value_opt_state=opt_sds(shapes.vtx, vparams, m))
   spec = UpdateSpec(model_cfg=model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
                     n_micro=n_micro, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
-                    use_value=cfg.use_value, prox_source=cfg.prox.source)
+                    use_value=cfg.use_value, prox_source=cfg.prox.source, prompt_group=cfg.prompt_group,
+                    always_share=cfg.train.share_prompt == "on")
   updater = make_updater(spec, shapes.tx, shapes.vtx, state, sharding_lib.batch_sharding(m),
                          sharding_lib.replicated(m))
   aux = {}

@@ -179,3 +179,10 @@ def test_auto_shares_where_the_forward_costs_fewer_flops_as_xla_counts_them():
   # Per layer: 2 (D (N + 2K) H + N H D + 3 D F) per slot and 4 N H per (query, key) pair.
   D, F, NH, KH = 32, 48, 4 * 8, 2 * 8
   assert forward_flops(CFG, 1, 10) == 2 * (10 * 2 * (D * (NH + 2 * KH) + NH * D + 3 * D * F) + 100 * 4 * NH)
+
+
+def test_auto_does_not_share_where_the_groups_do_not_split_over_the_mesh():
+  mesh = jax.sharding.AbstractMesh((4, 2), ("data", "fsdp"))  # 8 batch shards
+  with jax.sharding.use_abstract_mesh(mesh):
+    assert not shared_prompt_pays(CFG, 24, 3, G, rows=16)  # 4 sequences over 8 shards
+    assert shared_prompt_pays(CFG, 24, 3, G, rows=32)  # 8 sequences
