@@ -98,7 +98,8 @@ from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, request_fields
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
 from jaxrl_llm.sampling.sync_check import (
-    Deadline, SyncCheck, SyncCheckFailed, SyncTimeout, engine_logp, probe_ids, tolerance, trainer_logp, version_of)
+    Deadline, SyncCheck, SyncCheckFailed, SyncTimeout, engine_logp, failure_message, probe_ids, tolerance,
+    tolerance_source, trainer_logp, version_of)
 from jaxrl_llm.sampling.weight_sync import Exported, NoSync, RestartSync, SGLangDiskSync, WeightSync
 
 _PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+3=5.\n"
@@ -336,22 +337,8 @@ class OpenAIEngine:
       return check
     with self._lock:
       self.counters["sync_check_failures"] += 1
-    if same:
-      says = f"the server reports serving it ({served}), but its"
-    elif check.served_version >= 0:
-      says = f"the server reports serving version {check.served_version} ({served}), and its"
-    else:
-      says = f"the server reports serving {served!r}, not {exported.tag!r}, and its"
-    raise SyncCheckFailed(
-        f"rollout engine: the weight sync of policy version {exported.version} is not verified: {says} log-probs "
-        f"of the probe ({len(self.probe_L)} fixed tokens) differ from the trainer's by max |delta log p| = "
-        f"{check.max_abs_dlogp:.3g} (tolerance {tol:g}, {self._tol_source()}; "
-        "config.rollout.server.sync_check=False turns the check off)")
-
-  def _tol_source(self) -> str:
-    if self.cfg.sync_check_tol > 0:
-      return "config.rollout.server.sync_check_tol"
-    return f"measured for {self.weight_sync.kind!r} weights, config.rollout.server.sync_check_tol sets another"
+    raise SyncCheckFailed(failure_message(check, exported.tag, len(self.probe_L),
+                                          tolerance_source(self.weight_sync.kind, self.cfg.sync_check_tol)))
 
   def generate(self, prompts, key) -> RolloutBatch:
     if self.client is None:

@@ -209,3 +209,25 @@ def engine_logp(client: ServerClient, model_name: str, probe_L: np.ndarray, dead
                               f"verified: the server at {client.base_url} cannot score the probe: "
                               f"{type(e).__name__}: {e}") from None
   return out
+
+
+def tolerance_source(kind: str, configured: float) -> str:
+  """Where a sync check's tolerance came from, for its error message."""
+  if configured > 0:
+    return "config.rollout.server.sync_check_tol"
+  return f"measured for {kind!r} weights, config.rollout.server.sync_check_tol sets another"
+
+
+def failure_message(check: SyncCheck, tag: str, n_probe: int, tol_source: str) -> str:
+  """SyncCheckFailed's text: the version, what the server says it serves, the max |delta log p| and the
+  tolerance (`tag`: the exported weights' name, which the server should report)."""
+  if check.served == tag:
+    says = f"the server reports serving it ({check.served}), but its"
+  elif check.served_version >= 0:
+    says = f"the server reports serving version {check.served_version} ({check.served}), and its"
+  else:
+    says = f"the server reports serving {check.served!r}, not {tag!r}, and its"
+  return (f"rollout engine: the weight sync of policy version {check.version} is not verified: {says} log-probs "
+          f"of the probe ({n_probe} fixed tokens) differ from the trainer's by max |delta log p| = "
+          f"{check.max_abs_dlogp:.3g} (tolerance {check.tolerance:g}, {tol_source}; "
+          "config.rollout.server.sync_check=False turns the check off)")
