@@ -77,7 +77,6 @@ trainer's ids (/tokenize): a mismatch is an error before any rollout.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import math
 import threading
 import time
@@ -94,7 +93,7 @@ from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.sampling.config import SamplingConfig, ServerConfig
 from jaxrl_llm.sampling.engine import RolloutBatch, register_engine
 from jaxrl_llm.sampling.http_client import ServerClient, ServerRejected, ServerUnavailable
-from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, request_fields
+from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, Sample, log_prob, request_fields
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
 from jaxrl_llm.sampling.sync_check import (
@@ -103,15 +102,6 @@ from jaxrl_llm.sampling.sync_check import (
 from jaxrl_llm.sampling.weight_sync import Exported, NoSync, RestartSync, SGLangDiskSync, WeightSync
 
 _PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+3=5.\n"
-
-
-@dataclasses.dataclass
-class _Sample:
-  ids: list[int]
-  logp: list[float]
-  top_ids: list[list[int]]
-  top_logp: list[list[float]]
-  finish: int
 
 
 class OpenAIEngine:
@@ -356,7 +346,7 @@ class OpenAIEngine:
                           f"context of {self.n_ctx} tokens per slot (a server the engine starts gets "
                           "config.data.max_prompt_len + max_response_len + 8, 512 for the prompt when it is 0)")
     self._restarts_this_call = 0
-    samples: dict[int, _Sample] = {}
+    samples: dict[int, Sample] = {}
     pending, last_error = list(range(B)), None
     for round_ in range(self.cfg.retries + 1 if self.cfg.on_failure == "resample" else 1):
       if round_:
@@ -404,11 +394,11 @@ class OpenAIEngine:
 
   # ---- one sample --------------------------------------------------------------------
 
-  def _sample(self, prompt_ids: list[int], seed: int) -> _Sample:
+  def _sample(self, prompt_ids: list[int], seed: int) -> Sample:
     payload = {"model": self.model_name, "prompt": prompt_ids, "seed": seed, **self.fields}
     return self._post("/v1/completions", payload, self._parse_checked)
 
-  def _parse_checked(self, resp: dict) -> _Sample:
+  def _parse_checked(self, resp: dict) -> Sample:
     try:
       return self._parse(resp)
     except ConfigError:
@@ -416,7 +406,7 @@ class OpenAIEngine:
     except (KeyError, IndexError, TypeError, ValueError) as e:
       raise ServerUnavailable(f"malformed completion ({type(e).__name__}: {e}): {str(resp)[:160]}") from None
 
-  def _parse(self, resp: dict) -> _Sample:
+  def _parse(self, resp: dict) -> Sample:
     choice = resp["choices"][0]
     content = (choice.get("logprobs") or {})["content"]
     V, K, R = self.model_cfg.vocab_size, self.scfg.record_topk, self.scfg.max_new_tokens
@@ -427,10 +417,10 @@ class OpenAIEngine:
       if not 0 <= tok < V:
         raise ValueError(f"token id {tok} outside the vocabulary [0, {V})")
       ids.append(tok)
-      logp.append(_log(float(entry["prob"])))
+      logp.append(log_prob(float(entry["prob"])))
       tops = sorted(entry.get("top_probs") or [], key=lambda t: -float(t["prob"]))[:K]
       top_ids.append([int(t["id"]) for t in tops] + [self.scfg.pad_id] * (K - len(tops)))
-      top_logp.append([_log(float(t["prob"])) for t in tops] + [-math.inf] * (K - len(tops)))
+      top_logp.append([log_prob(float(t["prob"])) for t in tops] + [-math.inf] * (K - len(tops)))
       if tok in self.ends:  # the answer ends here, whether or not the server stopped on it
         finish = FINISH_EOS if tok in self.scfg.eos_ids else FINISH_STOP
         break
@@ -440,9 +430,9 @@ class OpenAIEngine:
       raise ConfigError(f"the server stopped an answer on token {ids[-1] if ids else None}, which is not in the "
                         f"trainer's eos_ids {sorted(self.scfg.eos_ids)} or stop_ids {sorted(self.scfg.stop_ids)}: "
                         "the served model's end-of-generation tokens differ from the trainer's")
-    return _Sample(ids, logp, top_ids, top_logp, finish)
+    return Sample(ids, logp, top_ids, top_logp, finish)
 
-  def _batch(self, prompts, samples: dict[int, _Sample], B: int, R: int, K: int) -> RolloutBatch:
+  def _batch(self, prompts, samples: dict[int, Sample], B: int, R: int, K: int) -> RolloutBatch:
     pad, G = self.scfg.pad_id, self.scfg.n_samples
     tokens = np.full((B, R), pad, np.int32)
     mask = np.zeros((B, R), bool)
@@ -466,10 +456,6 @@ class OpenAIEngine:
         prompts=tuple(prompts.prompts[i] for i in idx), answers=tuple(prompts.answers[i] for i in idx),
         tags=tuple(prompts.tags[i] for i in idx), responses=tuple(self.tokenizer.decode(row) for row in tokens),
         version_B=np.full((B,), self.version, np.int32))
-
-
-def _log(p: float) -> float:
-  return math.log(p) if p > 0 else -math.inf
 
 
 def make_openai_engine(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg=None,

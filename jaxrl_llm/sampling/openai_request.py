@@ -1,10 +1,13 @@
 """The request side of the `openai` engine: the sampling fields of a llama.cpp
 completions request (`request_fields`), where what the server cannot express is
-a ConfigError. The engine's own settings are `config.rollout.server`
+a ConfigError; and the parsed completion it returns (`Sample`). The engine's own settings are `config.rollout.server`
 (sampling/config.py's ServerConfig).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.sampling.config import SamplingConfig
@@ -35,3 +38,18 @@ def request_fields(scfg: SamplingConfig, vocab_size: int) -> dict:
   if scfg.vocab_limit and scfg.vocab_limit < vocab_size:  # padded rows: never sampled
     fields["logit_bias"] = [[i, False] for i in range(scfg.vocab_limit, vocab_size)]
   return fields
+
+
+@dataclasses.dataclass
+class Sample:
+  """One completion as the engine parses it from the server's response."""
+  ids: list[int]
+  logp: list[float]
+  top_ids: list[list[int]]
+  top_logp: list[list[float]]
+  finish: int
+
+
+def log_prob(p: float) -> float:
+  """log p of a probability the server reports (-inf for 0)."""
+  return math.log(p) if p > 0 else -math.inf
