@@ -108,6 +108,7 @@ def _our_config(args):
   c.log.kl_to_ref, c.log.progress = False, False
   c.train.prox = args.prox
   c.train.share_prompt = args.share_prompt
+  c.train.pack = args.pack
   c.data.reward_workers = 0  # scored in the process, like TRL's reward function
   c.eval.n_examples = 8  # never evaluated here; only the held-out split is built
   return c
@@ -134,6 +135,7 @@ def _prepare(args) -> dict:
     return {"hf_dir": cfg.model.hf_path, "max_prompt_len": cfg.data.max_prompt_len,
             "eos_ids": list(tr.sampling_cfg.eos_ids), "micro_batch_size": cfg.micro_batch_size,
             "mini_batch_size": cfg.mini_batch_size, "remat": cfg.model.remat_policy, "prox": cfg.train.prox, "share_prompt": cfg.train.share_prompt,
+            "pack": cfg.train.pack,
             "prompt_group": cfg.prompt_group, "method": cfg.method,
             "aggregation": cfg.objective.aggregation, "steps": steps}
 
@@ -161,6 +163,7 @@ def _run_ours(args, prep) -> dict:
       wall = time.perf_counter() - t
       steps.append({"seconds": wall, "sampled_tokens": int(m["perf/sampled_tokens"]),
                     "stages": {k: float(v) for k, v in m.items() if k.startswith("time/")},
+                    "pack": {k: float(v) for k, v in m.items() if k.startswith("pack/")},
                     "reward_mean": float(m["reward/mean"]), "loss": float(m["loss/total"])})
     tr.runner.close()
     engine.close()
@@ -331,6 +334,8 @@ def main():
                       "own log-probs (TRL's way at one update per generation)")
   parser.add_argument("--share-prompt", default="auto", choices=("auto", "on", "off"),
                       help="ours' train.share_prompt: run each group's prompt once in the update and the recompute")
+  parser.add_argument("--pack", default="auto", choices=("auto", "on", "off"),
+                      help="ours' train.pack: the update's and the recompute's rows packed end to end in buffers")
   parser.add_argument("--skip", nargs="*", default=(), choices=("ours", "trl"))
   parser.add_argument("--child-timeout", type=float, default=3600.0, help="seconds one child process may take")
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -374,8 +379,8 @@ def main():
     prep_file = os.path.join(tmp, "prep.json")
     with open(prep_file, "w") as f:
       json.dump(prep, f)
-    results["config"].update({k: prep[k] for k in ("hf_dir", "max_prompt_len", "eos_ids", "remat", "prox", "method",
-                                                  "aggregation")})
+    results["config"].update({k: prep[k] for k in ("hf_dir", "max_prompt_len", "eos_ids", "remat", "prox", "pack",
+                                                  "method", "aggregation")})
     results["config"]["ours_micro_batch_size"] = prep["micro_batch_size"]
     results["config"]["prompt_tokens_per_step"] = [sum(map(len, s["prompt_ids"])) for s in prep["steps"]]
     sides = [s for s in ("ours", "trl") if s not in args.skip]

@@ -16,6 +16,7 @@ import numpy as np
 from flax import struct
 
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.model.packing import gather_inputs
 
 
 @struct.dataclass
@@ -107,8 +108,13 @@ def shared_prompt_pays(cfg, P: int, R: int, G: int, rows: int | None = None) -> 
 
 
 def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
-                    *, prompt_group: int = 1, always_share: bool = False):
+                    *, prompt_group: int = 1, always_share: bool = False, packing=None):
   """hidden_BRD: the final hidden state that predicts response token t.
+
+  packing (a model/packing.Packing of these rows, planned on the host): the rows' real tokens run
+  packed in its buffers, and the hidden states are gathered back to [B, R]; it lays out shared
+  prompts itself (planned with group = G), so prompt_group and always_share are then unused.
+  Tokens past a row's last attended one get another slot's state (they weigh zero in every loss).
 
   prompt_group = G > 1: the rows come in groups of G consecutive rows that share one prompt (a
   GRPO group; the caller guarantees it, training/step.py checks it), and each group may run as one
@@ -119,6 +125,11 @@ def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, r
   (`shared_prompt_pays`, decided when tracing), or always with `always_share`.
   """
   P, R = prompt_BP.shape[1], response_BR.shape[1]
+  if packing is not None:
+    tokens_nS, mask_nS = gather_inputs(packing, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR)
+    hidden_nSD, _ = model_lib.forward(params, model_cfg, tokens_nS, packing.positions_nS, mask_nS,
+                                      segments_BT=packing.segments_nS)
+    return jnp.take(hidden_nSD.reshape(-1, hidden_nSD.shape[-1]), packing.dst_BR, axis=0)
   if prompt_group > 1 and (always_share or shared_prompt_pays(model_cfg, P, R, prompt_group, prompt_BP.shape[0])):
     G = prompt_group
     B = prompt_BP.shape[0]
@@ -171,11 +182,11 @@ def full_logprobs(hidden_BRD, w_DV, *, temperature: float):
 
 def response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
                       *, temperature: float, impl: str, prompt_group: int = 1,
-                      always_share: bool = False) -> ResponseLogprobs:
+                      always_share: bool = False, packing=None) -> ResponseLogprobs:
   """log pi(y_t | prefix), its entropy and hidden state per response token (prompt_group,
-  always_share: see response_hidden)."""
+  always_share, packing: see response_hidden)."""
   hidden_BRD = response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR,
-                               prompt_group=prompt_group, always_share=always_share)
+                               prompt_group=prompt_group, always_share=always_share, packing=packing)
   B, R, D = hidden_BRD.shape
   logp_N, entropy_N = head_logprobs(hidden_BRD.reshape(B * R, D), model_lib.lm_head(params, model_cfg),
                                     response_BR.reshape(B * R), temperature=temperature, impl=impl)

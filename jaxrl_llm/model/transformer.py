@@ -151,6 +151,19 @@ def _bkht(x_BTKH: jax.Array) -> jax.Array:
   return jnp.transpose(x_BTKH, (0, 2, 3, 1))
 
 
+PART_BITS = 12  # a segment id is document << PART_BITS | part (model/packing.py)
+
+
+def segment_id(document: int, part: int) -> int:
+  """The segment id of `part` of `document` (forward's segments_BT): a query sees the earlier slots of
+  its own document in its own part or in part 0 (the document's prefix, e.g. a prompt its parts
+  share). Document 0 with parts 0, 1, .. is one group's [prompt | responses] (logprobs.shared_prompt_rows);
+  packed rows (model/packing.py) are documents 1, 2, .. of their buffer."""
+  if not 0 <= part < 1 << PART_BITS:
+    raise ValueError(f"segment_id: part {part} is outside [0, {1 << PART_BITS})")
+  return (document << PART_BITS) | part
+
+
 @dataclasses.dataclass(frozen=True)
 class _Visibility:
   """Which cache slots each query may attend to, for one forward call."""
@@ -166,7 +179,8 @@ def _visibility(cfg: ModelConfig, positions_BT, mask_BT, cache: KVCache | None,
                 segments_BT: jax.Array | None = None) -> _Visibility:
   """The attention masks of one call: causal over valid slots, and a local layer's window in
   positions (q - W < k <= q: the last W tokens of the row, however padding spreads them over the slots).
-  With segments_BT (no cache), a query sees the earlier slots of its own segment and of segment 0."""
+  With segments_BT (no cache, `segment_id(document, part)`), a query sees the earlier slots of its
+  own document whose part is its own or 0 (the document's shared prefix)."""
   B, T = mask_BT.shape
   slots_T = jnp.arange(T, dtype=jnp.int32)
   kv_positions_BS = None
@@ -202,7 +216,9 @@ def _visibility(cfg: ModelConfig, positions_BT, mask_BT, cache: KVCache | None,
     if segments_BT.shape != mask_BT.shape:
       raise ValueError(f"forward: segments_BT {segments_BT.shape} must have the tokens' shape {mask_BT.shape}")
     seg_q_BT1, seg_k_B1S = segments_BT[:, :, None], segments_BT[:, None, :]
-    allowed_global_BTS = allowed_global_BTS & ((seg_k_B1S == 0) | (seg_k_B1S == seg_q_BT1))
+    part_k_B1S = seg_k_B1S & ((1 << PART_BITS) - 1)
+    same_doc_BTS = (seg_k_B1S >> PART_BITS) == (seg_q_BT1 >> PART_BITS)
+    allowed_global_BTS = allowed_global_BTS & same_doc_BTS & ((part_k_B1S == 0) | (seg_k_B1S == seg_q_BT1))
   allowed_local_BTS = allowed_global_BTS
   if cfg.has_local_layers:
     in_window_BTS = (positions_BT[:, :, None] - kv_positions_BS[:, None, :]) < cfg.sliding_window
@@ -430,9 +446,10 @@ class Decoder(nnx.Module):
     """Final-norm hidden states hidden_BTD (compute dtype), and the updated cache.
 
     Without a cache, token t attends to valid tokens t' <= t of the same row; with segments_BT
-    (int32, no cache), only those of its own segment and of segment 0, a prefix its row's segments
-    share (logprobs.response_hidden's shared prompt: the prompt is segment 0 and each response a
-    segment of its own, so G responses attend to one copy of the prompt).
+    (int32, no cache; `segment_id`), only those of its own document in its own part or in part 0,
+    a prefix the document's parts share (logprobs.response_hidden's shared prompt: the prompt is
+    part 0 and each response a part of its own, so G responses attend to one copy of the prompt;
+    model/packing.py: several such documents in one row).
     With a cache, the T tokens go to slots [cache.index, cache.index + T) and
     attend to valid slots <= their own (prefill and decode are the same call).
     The caller sizes the cache: index + T must not exceed its length (checked

@@ -220,11 +220,12 @@ def _value_sds(shapes: RunShapes):
 def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int):
   cfg, m = shapes.cfg, shapes.mesh
   P_, R = shapes.prompt_len, shapes.response_len
-  # (prompt, its mask, response tokens, the tokens attended, the sampled ones: recompute._chunk's rows)
+  # (prompt, its mask, response tokens, the tokens attended, the sampled ones: recompute._chunk's rows;
+  # no packing: the padded layout)
   args = (_rows(m, (rows, P_), jnp.int32), _rows(m, (rows, P_), jnp.bool_), _rows(m, (rows, R), jnp.int32),
           _rows(m, (rows, R), jnp.bool_), _rows(m, (rows, R), jnp.bool_))
   return recompute_lib._chunk.lower(  # pylint: disable=protected-access
-      params, _value_sds(shapes), *args, model_cfg=model_cfg, temperature=cfg.rollout.temperature,
+      params, _value_sds(shapes), *args, None, model_cfg=model_cfg, temperature=cfg.rollout.temperature,
       impl=cfg.kernels.impl, with_values=cfg.use_value, prompt_group=cfg.prompt_group,
       always_share=cfg.train.share_prompt == "on")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 from flax import struct
 
@@ -27,6 +29,9 @@ class TrainBatch:
   # bool [B, R] what the forward passes attend to: mask_BR plus an episode's observations (context for
   # later turns, weight zero in every loss term and statistic); None: mask_BR (single-turn samples)
   context_BR: jax.Array | None = None
+  # model/packing.Packing of these rows (split like them into the update's micro-batches), planned on
+  # the host for each mini-batch (training/pack.py); None: the padded layout
+  packing: Any = None
 
   @property
   def attend_BR(self) -> jax.Array:

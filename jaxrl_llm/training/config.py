@@ -34,6 +34,7 @@ from jaxrl_llm.training.sft import SFTConfig
 
 
 SHARE_PROMPT_CHOICES = ("auto", "on", "off")
+PACK_CHOICES = ("auto", "on", "off")  # train.pack (training/pack.py)
 AUTO_MICRO_BATCH_TOKENS = 2048  # train.micro_batch_tokens = 0 with a checkpoint model
 
 
@@ -63,6 +64,8 @@ class TrainConfig:
   value_lr: float
   prox: str  # where log pi_prox comes from: recompute | detach (training/prox.py)
   share_prompt: str  # a group's prompt run once per forward of the update and recompute: auto | on | off
+  pack: str  # the update's and recompute's rows packed end to end in buffers: auto | on | off (training/pack.py)
+  pack_length: int  # slots per packing buffer; 0: twice the padded sequence
 
   def __post_init__(self):
     check_int("config.train.steps", self.steps, 0)
@@ -80,6 +83,8 @@ class TrainConfig:
     check_float("config.train.value_lr", self.value_lr, 0.0, 1.0, low_open=True)
     check_choice("config.train.prox", self.prox, PROX_CHOICES)
     check_choice("config.train.share_prompt", self.share_prompt, SHARE_PROMPT_CHOICES)
+    check_choice("config.train.pack", self.pack, PACK_CHOICES)
+    check_int("config.train.pack_length", self.pack_length, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +187,15 @@ class RunConfig:
     if self.train.share_prompt == "off" or G == 1 or not self._whole_groups():
       return 1
     return G
+
+  def check_pack_length(self) -> None:
+    """Raise where `train.pack_length` is shorter than one packing unit: the prompt's padded width
+    (data.max_prompt_len, resolved) and prompt_group responses (training/pack.py)."""
+    unit = self.data.max_prompt_len + self.prompt_group * self.response_len
+    if self.train.pack_length and self.train.pack_length < unit:
+      raise bad("config.train.pack_length", self.train.pack_length,
+                f"0 (auto) or at least one unit of {unit} slots (data.max_prompt_len {self.data.max_prompt_len} "
+                f"+ {self.prompt_group} x {self.response_len} response tokens)")
 
   def _whole_groups(self) -> bool:
     G = self.rollout.group_size

@@ -24,6 +24,7 @@ from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.engine import RolloutEngine
 from jaxrl_llm.tasks.pipeline import PromptPipeline
 from jaxrl_llm.tasks.rewards import RewardRunner
+from jaxrl_llm.training.pack import PackPolicy
 from jaxrl_llm.training.update import Updater
 
 
@@ -43,6 +44,7 @@ class StepContext:
   lr_schedule: Callable[[int], Any]  # optimizer update count -> learning rate
   extensions: tuple = ()  # jaxrl_llm.extension.Extension, in call order
   workdir: str = ""  # the run's directory (the token-weight dumps go to <workdir>/dumps)
+  pack: PackPolicy | None = None  # train.pack: when the update and the recompute run rows packed (training/pack.py)
 
   def updates_done(self, state) -> int:
     """Optimizer updates taken before `state`'s next step."""

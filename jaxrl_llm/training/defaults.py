@@ -176,6 +176,8 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.train.mini_batches = 1  # optimizer updates per pass: the batch is split into this many mini-batches
   c.train.prox = "recompute"  # log pi_prox: recompute (one forward pass over the batch before its updates) | detach (the update's own log-probs, gradient stopped: the same number at one update per batch, a pass fewer; not with several updates, GAE or a KL to the reference)
   c.train.micro_batch_size = 0  # samples per forward/backward inside a mini-batch; 0: from micro_batch_tokens
+  c.train.pack = "auto"  # the update's and the recompute's rows packed end to end in fixed buffers, each row (or group sharing a prompt) a document its tokens alone attend within (exact; model/packing.py): auto (where it costs fewer forward FLOPs than padding, by 10%: long-tailed response lengths) | on (always) | off
+  c.train.pack_length = 0  # slots per packing buffer; 0: twice the padded sequence (prompt + response, or prompt + G responses when shared)
   c.train.share_prompt = "auto"  # run each group's prompt once in the update's and the recompute's forward passes, its G responses attending to it (exact; model/logprobs.response_hidden): auto (where micro- and mini-batches hold whole groups and it costs fewer FLOPs: long prompts, short responses) | on (always; refuse a config without whole groups) | off
   c.train.micro_batch_tokens = 0  # with micro_batch_size 0: the largest micro-batch of at most this many tokens (prompt + response) that divides the mini-batch; 0: 2048 for a checkpoint model (model.hf_path), the whole mini-batch for the tiny one
   c.train.lr = 3e-4  # peak learning rate (linear warm-up, then train.lr_decay_to)

@@ -46,6 +46,7 @@ from jaxrl_llm.training.optim import adamw, warmup_schedule
 from jaxrl_llm.training.sft import run_sft, sft_plan
 from jaxrl_llm.training.state import TrainState
 from jaxrl_llm.training.step import rl_step
+from jaxrl_llm.training.pack import PackPolicy
 from jaxrl_llm.training.update import Updater, UpdateSpec, make_updater
 
 # hook(trainer, state, metrics) after every RL step (checkpoints, reports, ...).
@@ -112,6 +113,7 @@ class Trainer:
     self.runner = reward if reward is not None else setup.make_reward_runner(cfg, self.task)
     self.train_examples, self.eval_examples = data.train_examples, data.eval_examples
     cfg = self.cfg = cfg.with_micro_batch(cfg.data.max_prompt_len, shards)  # 0: from train.micro_batch_tokens
+    cfg.check_pack_length()
     self.pipeline = PromptPipeline(self.train_examples, self.tokenizer, batch_size=cfg.rollout.prompts_per_step,
                                    max_prompt_len=cfg.data.max_prompt_len, seed=cfg.seed,
                                    chat_template=cfg.data.chat_template)
@@ -194,8 +196,15 @@ class Trainer:
         replicated=sharding_lib.replicated(self.mesh), tokenizer=self.tokenizer, runner=self.runner,
         pipeline=self.pipeline, sampling_cfg=self.sampling_cfg, engine=engine,
         updater=self.make_updater(state), lr_schedule=self.lr_schedule, extensions=self.extensions,
-        workdir=self.workdir)
+        workdir=self.workdir, pack=self.pack_policy())
     return state
+
+  def pack_policy(self) -> PackPolicy:
+    """When the update and the recompute run rows packed (`train.pack`, training/pack.py)."""
+    cfg = self.cfg
+    return PackPolicy(model_cfg=self.model_cfg, mode=cfg.train.pack, length=cfg.train.pack_length,
+                      group=cfg.prompt_group, always_share=cfg.train.share_prompt == "on",
+                      shards=self.data.batch_shards)
 
   def rollout_engine(self):
     """The rollout engine, made on the first call (after `init_state`: it needs the model config). `run`

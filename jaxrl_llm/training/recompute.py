@@ -18,17 +18,18 @@ from jaxrl_llm.model.logprobs import response_hidden, response_logprobs
 from jaxrl_llm.sampling.engine import sampler_view
 from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched_params
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD
+from jaxrl_llm.training.pack import PackPolicy
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "temperature", "impl", "with_values", "prompt_group",
                                                  "always_share"))
-def _chunk(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, *, model_cfg, temperature,
-           impl, with_values, prompt_group=1, always_share=False):
+def _chunk(params, vparams, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, packing, *, model_cfg,
+           temperature, impl, with_values, prompt_group=1, always_share=False):
   # The forward reads every response token (context_BR: an episode's observations too); log-probs and
   # values are kept on the sampled tokens (mask_BR) only.
   lp = response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, context_BR,
                          temperature=temperature, impl=impl, prompt_group=prompt_group,
-                         always_share=always_share)
+                         always_share=always_share, packing=packing)
   logp_BR = jnp.where(mask_BR, lp.logp_BR, 0.0)
   values_BR = value_head(vparams, lp.hidden_BRD) if with_values else jnp.zeros_like(logp_BR)
   return logp_BR, jnp.where(mask_BR, values_BR, 0.0)
@@ -46,17 +47,21 @@ class RecomputeSpec:
   sharding: jax.sharding.NamedSharding | None = None  # the rows' sharding over the mesh
   prompt_group: int = 1  # G: rows in groups of G sharing a prompt, run once (model/logprobs.response_hidden)
   always_share: bool = False  # share the prompt even where it costs more FLOPs (train.share_prompt=on)
+  pack: PackPolicy | None = None  # train.pack: each chunk packed where it says (training/pack.py); None: padded
 
 
-def _row_chunks(rows, chunk: int, sharding):
-  """(prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR) of `rows` (a RolloutBatch or anything
-  with those fields; context_BR, the tokens the forward reads, is mask_BR where it has none), `chunk`
-  rows at a time, placed with `sharding`."""
+def _row_chunks(rows, chunk: int, sharding, pack: PackPolicy | None = None):
+  """(prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, packing) of `rows` (a RolloutBatch or
+  anything with those fields; context_BR, the tokens the forward reads, is mask_BR where it has none),
+  `chunk` rows at a time, placed with `sharding`; packing: the chunk's model/packing.Packing where
+  `pack` packs it, else None."""
   context_BR = getattr(rows, "context_BR", None)
   arrays = (rows.prompt_BP, rows.prompt_mask_BP, rows.tokens_BR,
             rows.mask_BR if context_BR is None else context_BR, rows.mask_BR)
   for s in range(0, rows.tokens_BR.shape[0], chunk):
     args = tuple(a[s:s + chunk] for a in arrays)
+    packing = None if pack is None else pack.plan(args[1], args[3])
+    args = args + (packing,)
     yield jax.device_put(args, sharding) if sharding is not None else args
 
 
@@ -67,15 +72,15 @@ def policy_logprobs(params, rows, spec: RecomputeSpec, *, vparams=None, with_val
   outs = [jax.device_get(_chunk(params, vparams, *args, model_cfg=spec.model_cfg, temperature=spec.temperature,
                                 impl=spec.impl, with_values=with_values, prompt_group=spec.prompt_group,
                                 always_share=spec.always_share))
-          for args in _row_chunks(rows, spec.chunk, spec.sharding)]
+          for args in _row_chunks(rows, spec.chunk, spec.sharding, spec.pack)]
   return (np.concatenate([o[0] for o in outs]).astype(np.float32),
           np.concatenate([o[1] for o in outs]).astype(np.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg",))
-def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, *, model_cfg):
+def _hidden_chunk(params, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, packing, *, model_cfg):
   del mask_BR  # the hidden states of every response token; the update reads the sampled ones
-  return response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, context_BR)
+  return response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, packing=packing)
 
 
 def behaviour_hidden(sampler_params, sampling_cfg, rows, spec: RecomputeSpec,
@@ -88,7 +93,7 @@ def behaviour_hidden(sampler_params, sampling_cfg, rows, spec: RecomputeSpec,
   engine's weight `mismatch` applied as the engine applies it. A device array:
   nothing on the host reads it."""
   params, run_cfg = sampler_view(sampler_params, spec.model_cfg, sampling_cfg, mismatch)
-  outs = [_hidden_chunk(params, *args, model_cfg=run_cfg) for args in _row_chunks(rows, spec.chunk, spec.sharding)]
+  outs = [_hidden_chunk(params, *args, model_cfg=run_cfg) for args in _row_chunks(rows, spec.chunk, spec.sharding, spec.pack)]
   return jnp.concatenate(outs)  # stays on the device: only the update reads it
 
 

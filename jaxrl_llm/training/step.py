@@ -29,6 +29,7 @@ from jaxrl_llm.training.batch import TrainBatch
 from jaxrl_llm.training.context import StepContext, snapshot
 from jaxrl_llm.training.episodes import episode_metrics
 from jaxrl_llm.training.metrics import mean_over_updates
+from jaxrl_llm.training.pack import balanced_order, fill as pack_fill
 from jaxrl_llm.training.recompute import RecomputeSpec, behaviour_head, behaviour_hidden, policy_logprobs
 from jaxrl_llm.training.score import (Scores, choose_groups, concat_scores, informative_groups, overlong_keep, score,
                                       select_scores)
@@ -220,7 +221,7 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
   zeros = np.zeros((B, R), np.float32)
   spec = RecomputeSpec(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
                        chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding, prompt_group=cfg.prompt_group,
-                       always_share=cfg.train.share_prompt == "on")
+                       always_share=cfg.train.share_prompt == "on", pack=ctx.pack)
   if cfg.prompt_group > 1:
     check_shared_prompts(samples.prompt_BP, samples.prompt_mask_BP, cfg.prompt_group)
   prox_logp, values = zeros, zeros
@@ -310,12 +311,24 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
   rng = np.random.default_rng([cfg.seed, int(state.step)])
   aux = update_aux(ctx, state)  # before the first update donates the params it may be read from
   ustate = state.update_state()
-  per_update, t0 = [], time.time()
+  per_update, fills, t0 = [], [], time.time()
+  n_micro = mini // cfg.micro_batch_size
+  prompt_mask, attend = np.asarray(batch.prompt_mask_BP, bool), np.asarray(batch.attend_BR, bool)
+  G = cfg.rollout.group_size  # rows dealt to micro-batches in whole groups where they hold whole groups
+  unit = G if mini % G == 0 and cfg.micro_batch_size % G == 0 else 1
   for epoch in range(cfg.train.epochs):
     order = _row_order(rng, B, cfg.rollout.group_size, mini) if cfg.train.mini_batches > 1 else np.arange(B)
     for j in range(cfg.train.mini_batches):
       rows = order[j * mini:(j + 1) * mini]
-      mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch), ctx.batch_sharding)
+      packing = None
+      if ctx.pack is not None and ctx.pack.mode != "off":
+        # Packed: micro-batches of balanced token counts, each packed on its own (training/pack.py);
+        # None where the padded layout runs them (the rows keep their order then).
+        balanced = rows[balanced_order(prompt_mask[rows], attend[rows], chunks=n_micro, unit=unit)]
+        packing = ctx.pack.plan(prompt_mask[balanced], attend[balanced], chunks=n_micro)
+        rows = balanced if packing is not None else rows
+        fills.append(pack_fill(packing))
+      mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch).replace(packing=packing), ctx.batch_sharding)
       if recorder is None:
         ustate, m = ctx.updater.apply(ustate, mb, aux)
       else:
@@ -326,6 +339,10 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
   per_update = jax.device_get(per_update)
   metrics = mean_over_updates(per_update)
   metrics["update/count"] = len(per_update)
+  if fills:  # the share of updates run packed, and their buffers' fill
+    packed = [f for f in fills if not np.isnan(f)]
+    metrics["pack/update_frac"] = len(packed) / len(fills)
+    metrics["pack/fill"] = float(np.mean(packed)) if packed else 0.0
   metrics["update/skipped_nonfinite"] = float(sum(float(m["update/skipped_nonfinite"]) for m in per_update))
   metrics["time/update_s"] = time.time() - t0
   return state.with_update(ustate), metrics

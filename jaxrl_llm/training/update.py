@@ -85,7 +85,8 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
   obj = spec.objective
   # The model reads every response token (an episode's observations too); the loss weighs mask_BR's.
   hidden_BRD = response_hidden(params, spec.model_cfg, mb.prompt_BP, mb.prompt_mask_BP, mb.tokens_BR,
-                               mb.attend_BR, prompt_group=spec.prompt_group, always_share=spec.always_share)
+                               mb.attend_BR, prompt_group=spec.prompt_group, always_share=spec.always_share,
+                               packing=mb.packing)
   if faults.traced("logits_nan"):  # the reliability matrix: non-finite logits in every update
     hidden_BRD = hidden_BRD * jnp.nan
   vt = vocab_terms(

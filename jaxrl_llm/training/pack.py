@@ -1,0 +1,99 @@
+"""When the update and the recompute run a batch packed (`train.pack`, model/packing.py), and how.
+
+The decision is taken on the host per micro-batch set (the update's mini-batch, split into its
+micro-batches) or per recompute chunk, from the rows' masks: the rows go into buffers of
+`train.pack_length` slots (0: twice the padded layout's sequence, so that about two units share a
+buffer), their number rounded up to `packing.buffer_ladder`'s steps. "auto" packs where that costs
+fewer forward FLOPs (logprobs.forward_flops, dense attention over each buffer counted) than the
+padded layout the run would otherwise use, by more than `AUTO_MARGIN`, "on" wherever the rows fit,
+"off" never. The padded layout is one sequence per row, or per group where the prompt is shared
+(`train.share_prompt`); packed units are then the groups too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrl_llm.model import ModelConfig
+from jaxrl_llm.model import packing as packing_lib
+from jaxrl_llm.model.logprobs import forward_flops, shared_prompt_pays
+
+AUTO_MARGIN = 0.9  # auto packs where the packed forward costs < 0.9 x the padded one's FLOPs
+
+
+@dataclasses.dataclass(frozen=True)
+class PackPolicy:
+  """A run's packing rule (hashable; held by the step context and the recompute's spec)."""
+
+  model_cfg: ModelConfig
+  mode: str = "off"  # train.pack
+  length: int = 0  # train.pack_length: slots per buffer; 0: twice the padded sequence
+  group: int = 1  # rows per unit: cfg.prompt_group (a group's rows share its prompt)
+  always_share: bool = False  # train.share_prompt = on: the padded layout always shares
+  shards: int = 1  # the mesh's batch shards: buffer counts are multiples of it
+
+  def buffer_length(self, P: int, R: int) -> int:
+    """Slots per buffer for rows of P prompt and R response slots; every unit must fit one."""
+    unit = P + self.group * R
+    if self.length and self.length < unit:
+      raise ValueError(f"train.pack_length={self.length} is shorter than one unit of {unit} slots (prompt {P} + "
+                       f"{self.group} x response {R}): allowed 0 (auto) or >= {unit}")
+    return self.length or 2 * unit
+
+  def padded_flops(self, rows: int, P: int, R: int) -> float:
+    """The padded forward's FLOPs over `rows` rows, sharing the prompt where it would."""
+    G = self.group
+    if G > 1 and (self.always_share or shared_prompt_pays(self.model_cfg, P, R, G)):
+      return forward_flops(self.model_cfg, rows // G, P + G * R)
+    return forward_flops(self.model_cfg, rows, P + R)
+
+  def plan(self, prompt_mask_BP, attend_BR, chunks: int = 1) -> packing_lib.Packing | None:
+    """The packing of these rows split into `chunks` equal chunks (micro-batches), or None where
+    the padded layout runs them (off; auto where packing does not pay)."""
+    if self.mode == "off":
+      return None
+    prompt_mask_BP, attend_BR = np.asarray(prompt_mask_BP, bool), np.asarray(attend_BR, bool)
+    B, P = prompt_mask_BP.shape
+    R = attend_BR.shape[1]
+    rows = B // chunks
+    if rows % self.group:
+      return None  # (config: share_prompt gives group > 1 only with whole groups per micro-batch)
+    S = self.buffer_length(P, R)
+    need = packing_lib.needed_buffers(prompt_mask_BP, attend_BR, group=self.group, length=S, chunks=chunks)
+    shards = self.shards // np.gcd(self.shards, chunks)  # chunks x buffers must split over the shards
+    ladder = packing_lib.buffer_ladder(rows // self.group, shards)
+    fits = [n for n in ladder if n >= need]
+    n = fits[0] if fits else -(-need // shards) * shards
+    if self.mode == "auto" and forward_flops(self.model_cfg, n, S) >= AUTO_MARGIN * self.padded_flops(rows, P, R):
+      return None
+    return packing_lib.plan(prompt_mask_BP, attend_BR, group=self.group, length=S, buffers=n, chunks=chunks)
+
+
+def balanced_order(prompt_mask_BP, attend_BR, *, chunks: int, unit: int) -> np.ndarray:
+  """A permutation of the rows (whole units of `unit` consecutive rows kept together and in order)
+  that deals the units to `chunks` equal chunks so that their token counts are balanced: the
+  longest first, each to the chunk with the fewest tokens that still has room (longest processing
+  time first). Packed chunks then need about the same number of buffers, so the buffer count all
+  micro-batches share (the largest) is smaller. The update's loss is a sum over rows with the
+  mini-batch's normalisers, so the order of rows within a mini-batch changes it by rounding only."""
+  mask_BT = np.concatenate([np.asarray(prompt_mask_BP, bool), np.asarray(attend_BR, bool)], axis=1)
+  B = mask_BT.shape[0]
+  if chunks == 1 or B % (chunks * unit):
+    return np.arange(B)
+  tokens_U = mask_BT.sum(axis=1).reshape(-1, unit).sum(axis=1)
+  per_chunk = B // unit // chunks
+  load, members = np.zeros(chunks), [[] for _ in range(chunks)]
+  for u in np.argsort(-tokens_U, kind="stable"):
+    open_c = [c for c in range(chunks) if len(members[c]) < per_chunk]
+    c = min(open_c, key=lambda c: load[c])
+    members[c].append(int(u))
+    load[c] += tokens_U[u]
+  units = np.concatenate([sorted(m) for m in members])
+  return (units[:, None] * unit + np.arange(unit)[None, :]).reshape(-1)
+
+
+def fill(packing: packing_lib.Packing | None) -> float:
+  """The fraction of a packing's slots that hold a token (nan for None)."""
+  return float("nan") if packing is None else float(np.mean(np.asarray(packing.src_nS) >= 0))
