@@ -8,6 +8,9 @@ package (commits), settings of the benchmark, or both.
     python scripts/bench_compare.py --out share.json --rounds 2 --key ours.seconds_per_step_median \\
         --variant off=.:--share-prompt=off --variant auto=.:--share-prompt=auto -- bench_rl_step.py --skip trl --rounds 1
 
+With --script-from-here every variant runs this tree's copy of the script (a benchmark newer than
+the commits it compares, e.g. bench_train_run.py against a968da1).
+
 A variant is NAME=REV[:ARGS]: REV a commit, checked out into a temporary git worktree, or "." for
 this working tree (committed or not); ARGS (space-separated) go after the benchmark's own. Each
 round runs every variant once, each its own copy of the script importing its own package
@@ -68,6 +71,9 @@ def main():
   parser.add_argument("--variant", action="append", required=True, help="NAME=REV[:ARGS] (REV '.': this tree)")
   parser.add_argument("--key", action="append", required=True, help="dotted path of a figure to compare")
   parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take")
+  parser.add_argument("--script-from-here", action="store_true",
+                      help="run this tree's copy of the benchmark script for every variant (each still imports "
+                           "its own package): for a script the older commits lack")
   parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
   args = parser.parse_args()
   bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
@@ -98,7 +104,8 @@ def main():
           root = roots[name]
           out = os.path.join(tmp, f"{name}_{r}.json")
           before = load()
-          proc = subprocess.run([sys.executable, os.path.join(root, "scripts", bench[0]), *bench[1:], *extra,
+          script = os.path.join(REPO if args.script_from_here else root, "scripts", bench[0])
+          proc = subprocess.run([sys.executable, script, *bench[1:], *extra,
                                  "--out", out], cwd=root, env=dict(os.environ, PYTHONPATH=root),
                                 capture_output=True, text=True, timeout=args.timeout)
           if proc.returncode:
