@@ -51,6 +51,7 @@ class EpisodeResult:
   status: str  # why the episode ended (envs/base.py's STATUSES)
   detail: str  # the last step's detail, for logs
   n_turns: int  # assistant turns sampled
+  turn_reward_parts: tuple[dict[str, float], ...] = ()  # each step's (turn's) own reward parts, in order
 
 
 class Episode:
@@ -63,6 +64,7 @@ class Episode:
     if limits.max_response_tokens is not None:
       self.room = min(self.room, self.trace.prompt_len + limits.max_response_tokens)
     self.reward_parts: collections.Counter = collections.Counter()
+    self.turn_parts: list[dict[str, float]] = []  # each step's reward parts (the per-turn rewards)
     self.status, self.detail, self.done = "", "", False
     if self.turn_budget() < 1:
       self._finish("context_overflow", f"the opening prompt is {len(self.trace)} tokens, the room {self.room}")
@@ -100,6 +102,7 @@ class Episode:
       else:
         self.trace.add_observation(obs.messages, new_ids)
     self.reward_parts.update(obs.reward_parts)
+    self.turn_parts.append({k: float(v) for k, v in obs.reward_parts.items()})
     self.status, self.detail, self.done = obs.status, obs.detail, obs.done
     return obs
 
@@ -107,7 +110,7 @@ class Episode:
     if not self.done:
       raise RuntimeError(f"Episode.result: the episode is still running after {self.trace.n_turns} turns")
     return EpisodeResult(self.trace.rendered(), {k: float(v) for k, v in self.reward_parts.items()},
-                         self.status, self.detail, self.trace.n_turns)
+                         self.status, self.detail, self.trace.n_turns, tuple(self.turn_parts))
 
 
 # sample(ids, max_new_tokens, stop_strings) -> (sampled ids, truncated)

@@ -28,6 +28,7 @@ from jaxrl_llm.objectives.advantages import (
     grpo_advantages,
     masked_whiten,
     outcome_token_rewards,
+    process_advantages,
     rloo_advantages,
     whiten,
 )

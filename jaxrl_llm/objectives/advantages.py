@@ -17,6 +17,11 @@ left with one valid answer gets 0). For the global whitening, optional
 OpenRLHF/verl whiten over tokens when gamma = 1.
 
 GAE (PPO with a value function) works per token: `gae`.
+
+Process supervision (`grpo_process`, eq. 6.10) works per step: a sample's rewards sit at the tokens
+where its steps end (a multi-turn episode's turns, training/score.py's `step_rewards`), and a
+token's advantage sums the group-normalised rewards of the steps ending at or after it:
+`process_advantages`.
 """
 
 from __future__ import annotations
@@ -130,6 +135,37 @@ def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, vali
                 eps=cfg.adv_eps, weights_B=w)
 
 
+def process_advantages(step_reward_BR, step_end_BR, group_size: int, *, ddof: int = 1, eps: float = 1e-6,
+                       valid_B=None):
+  """Process supervision with GRPO (Shao et al. 2024, DeepSeekMath section 4.1.3; docs/objectives.md
+  eq. 6.10). Output i's step j ends at token index(j) (`step_end_BR`) with reward r_i^index(j)
+  (`step_reward_BR` there; elsewhere ignored). Every step reward of a group's outputs is normalised
+  by the mean and std of all of them, r~ = (r - mean(R_g)) / (std(R_g) + eps), and a token's
+  advantage is the sum of the normalised rewards of the steps that end at or after it:
+
+      A_{i,t} = sum_{j : index(j) >= t} r~_i^index(j)
+
+  so tokens after an output's last step get 0. The paper leaves the std's ddof open; it is the
+  outcome GRPO's (`adv_std_ddof`). With one step per output, ending at its last token, this is
+  outcome GRPO broadcast over the output. A group of one step, or of equal step rewards, gets 0.
+  Rows with valid_B False count in no statistic and get 0."""
+  if ddof not in (0, 1):
+    raise ValueError(f"ddof={ddof!r} is invalid: allowed values are 0 and 1")
+  r_BR = jnp.asarray(step_reward_BR, jnp.float32)
+  B, R = r_BR.shape
+  if B % group_size:
+    raise ValueError(f"group_size={group_size} does not divide the batch size {B}")
+  valid = jnp.ones((B,), bool) if valid_B is None else jnp.asarray(valid_B, bool)
+  end_BR = jnp.asarray(step_end_BR, bool) & valid[:, None]
+  e_PN = end_BR.reshape(-1, group_size * R).astype(jnp.float32)  # a group's steps, all outputs
+  r_PN = jnp.where(end_BR, r_BR, 0.0).reshape(e_PN.shape)
+  n_P1 = jnp.sum(e_PN, axis=1, keepdims=True)
+  mean_P1 = jnp.sum(r_PN, axis=1, keepdims=True) / jnp.maximum(n_P1, 1.0)
+  centred_PN = e_PN * (r_PN - mean_P1)
+  norm_BR = (centred_PN / (_std(centred_PN, n_P1, ddof) + eps)).reshape(B, R)
+  return jnp.flip(jnp.cumsum(jnp.flip(norm_BR, axis=1), axis=1), axis=1)  # sum over steps ending at or after t
+
+
 def outcome_token_rewards(rewards_B, mask_BR):
   """Place each answer's reward on its last valid token (for GAE): [B, R]."""
   m = mask_BR.astype(jnp.int32)
@@ -187,14 +223,17 @@ def masked_whiten(x_BR, mask_BR, *, eps: float = 1e-6):
 
 
 def batch_advantages(rewards_B, keep_B, mask_BR, cfg: ObjectiveConfig, group_size: int, *, prox_logp_BR=None,
-                     ref_logp_BR=None, values_BR=None) -> tuple[jax.Array, jax.Array]:
+                     ref_logp_BR=None, values_BR=None, step_reward_BR=None,
+                     step_end_BR=None) -> tuple[jax.Array, jax.Array]:
   """A batch's per-token advantages and returns -> (adv_BR, returns_BR), 0 off `keep_B & mask_BR`.
 
   Outcome advantages per group (`compute_advantages`: GRPO, RLOO, Dr. GRPO, ...) broadcast over the
   response, or GAE over the value head's predictions `values_BR` (PPO, SAO). With
   `cfg.kl_placement == "reward"` the KL to the reference (log pi_prox against log pi_ref) is folded
   into the reward first: per answer for outcome advantages, per token for GAE (docs/objectives.md,
-  section 7). Rows with keep=False (filtered, dropped) count in no group statistic.
+  section 7). Rows with keep=False (filtered, dropped) count in no group statistic. Process
+  supervision (`grpo_process`) reads each sample's step rewards and step ends instead of rewards_B
+  (`process_advantages`).
   """
   from jaxrl_llm.objectives.kl import fold_kl_into_rewards, kl_token_rewards  # pylint: disable=import-outside-toplevel
 
@@ -202,7 +241,13 @@ def batch_advantages(rewards_B, keep_B, mask_BR, cfg: ObjectiveConfig, group_siz
   mask = jnp.asarray(mask_BR)
   keep_B = jnp.asarray(keep_B, bool)
   kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
-  if cfg.advantage == "gae":
+  if cfg.advantage == "grpo_process":
+    if step_reward_BR is None or step_end_BR is None:
+      raise ValueError("batch_advantages: advantage='grpo_process' needs step_reward_BR and step_end_BR")
+    adv_BR = process_advantages(step_reward_BR, step_end_BR, group_size, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps,
+                                valid_B=keep_B)
+    returns_BR = jnp.zeros(mask.shape, jnp.float32)
+  elif cfg.advantage == "gae":
     tok_r = outcome_token_rewards(reward, mask)
     if kl_in_reward:
       tok_r = kl_token_rewards(tok_r, jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), mask,

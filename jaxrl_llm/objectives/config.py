@@ -33,7 +33,7 @@ TRUNCATE_BOUNDS = ("relative", "absolute")
 CORRECTIONS = ("none", "is", "tis", "mis", "band", "band_indicator", "ppo", "dppo_tv", "dppo_kl", "trm", "topr")
 CORRECTION_RATIOS = ("c", "rho")
 CORRECTION_LEVELS = ("token", "seq_product", "seq_geomean")
-ADVANTAGES = ("raw", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
+ADVANTAGES = ("raw", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae", "grpo_process")
 ADV_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PLACEMENTS = ("loss", "reward")
@@ -126,6 +126,9 @@ class ObjectiveConfig:
       raise bad("ObjectiveConfig.band_low", self.band_low, "must be a number >= 0")
     if self.band_low > self.band_high:
       raise bad("ObjectiveConfig.band_low", self.band_low, f"must be <= band_high={self.band_high} (band [lower, upper])")
+    if self.advantage == "grpo_process" and self.kl_coef > 0 and self.kl_placement == "reward":
+      raise bad("ObjectiveConfig.kl_placement", "reward", "advantage='grpo_process' normalises step rewards, "
+                "where a sequence's KL has no step: use kl_placement='loss'")
     _positive("dppo_cap", self.dppo_cap, allow_none=True)
     _positive("trm_max_delta", self.trm_max_delta, allow_none=True)
     _positive("trm_mean_delta", self.trm_mean_delta, allow_none=True)

@@ -69,6 +69,7 @@ class RolloutBatch:
   turn_BR: np.ndarray | None = None  # int32 [B, R] turn of each token (an observation: the turn it precedes); None: 0
   statuses: tuple[str, ...] = ()  # [B] why each episode ended (envs/base.py STATUSES); (): single-turn samples
   reward_parts: tuple[dict, ...] = ()  # [B] each episode's reward parts {name: float}; (): the verifier scores `responses`
+  turn_reward_parts: tuple[tuple[dict, ...], ...] = ()  # [B] each episode's parts per turn, in order (per-turn rewards)
 
   def __post_init__(self):
     if self.context_BR is None:

@@ -141,7 +141,7 @@ OPTIONAL_SECTIONS = ("checkpoint", "teacher", "guard", "env")
 
 # Advantage estimators that need several samples per prompt (a group baseline
 # or a group std): group size 1 makes them undefined or identically zero.
-_GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+_GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_process")
 
 
 @dataclasses.dataclass(frozen=True)

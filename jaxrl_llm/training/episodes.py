@@ -133,7 +133,8 @@ def episode_batch(played: Sequence[Played], examples: Sequence[Example], *, prom
       prompts=tuple(e.prompt for e in examples), answers=tuple(e.answer for e in examples),
       tags=tuple(e.tag for e in examples), responses=tuple(responses), version_B=np.full((B,), version, np.int32),
       context_BR=context_BR, turn_BR=turn_BR, statuses=statuses,
-      reward_parts=tuple(dict(ep.result.reward_parts) for ep in played))
+      reward_parts=tuple(dict(ep.result.reward_parts) for ep in played),
+      turn_reward_parts=tuple(tuple(dict(t) for t in ep.result.turn_reward_parts) for ep in played))
 
 
 def episode_metrics(samples: RolloutBatch) -> dict:

@@ -92,6 +92,36 @@ def episode_rewards(reward_parts, format_weight: float) -> tuple[np.ndarray, np.
   return reward, correct
 
 
+def step_rewards(samples: RolloutBatch, reward_B: np.ndarray, format_weight: float = 0.0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """(step_reward_BR, step_end_BR): each sample's rewards placed where its steps end, the input of
+  process supervision (`objective.advantage = "grpo_process"`, objectives/advantages.py's
+  `process_advantages`). A multi-turn episode's steps are its turns: turn k's reward (its own reward
+  parts, weighted as `episode_rewards` weighs an episode's) sits at the last token the policy sampled
+  in turn k. A single-turn sample is one step ending at its last token. Whatever `reward_B` holds
+  beyond the turns' sum (the soft overlong penalty, an extension's rescoring) goes to the last step,
+  so a sample's step rewards always sum to its reward."""
+  mask_BR = np.asarray(samples.mask_BR, bool)
+  B, R = mask_BR.shape
+  step_reward_BR, step_end_BR = np.zeros((B, R), np.float32), np.zeros((B, R), bool)
+  turn_BR = np.asarray(samples.turn_BR)
+  for b in range(B):
+    policy = np.flatnonzero(mask_BR[b])
+    if policy.size == 0:
+      continue  # no token to carry a step (a dropped request)
+    last, placed = int(policy[-1]), 0.0
+    for k, parts in enumerate(samples.turn_reward_parts[b] if samples.episodic else ()):
+      r = sum(v * (format_weight if name == "format" else 1.0) for name, v in parts.items())
+      in_turn = policy[turn_BR[b, policy] == k]
+      at = int(in_turn[-1]) if in_turn.size else last  # a turn without sampled tokens: the last step's
+      step_reward_BR[b, at] += r
+      step_end_BR[b, at] = True
+      placed += r
+    step_reward_BR[b, last] += float(reward_B[b]) - placed
+    step_end_BR[b, last] = True
+  return step_reward_BR, step_end_BR
+
+
 def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, max_len: int,
           format_weight: float = 0.0) -> Scores:
   """What each sample earns: the verifier `runner` on its response, or an episode's own reward parts

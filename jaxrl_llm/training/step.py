@@ -32,7 +32,7 @@ from jaxrl_llm.training.metrics import mean_over_updates
 from jaxrl_llm.training.pack import balanced_order, fill as pack_fill
 from jaxrl_llm.training.recompute import RecomputeSpec, behaviour_head, behaviour_hidden, policy_logprobs
 from jaxrl_llm.training.score import (Scores, choose_groups, concat_scores, informative_groups, overlong_keep, score,
-                                      select_scores)
+                                      select_scores, step_rewards)
 from jaxrl_llm.training.state import TrainState
 
 
@@ -237,8 +237,12 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
     behav_hidden = behaviour_hidden(state.sampler_params(), ctx.sampling_cfg, samples, spec,
                                     mismatch=cfg.rollout.mismatch)
   t1 = time.time()
+  steps = {}
+  if obj.advantage == "grpo_process":  # rewards where each step (an episode's turn) ends
+    steps = dict(zip(("step_reward_BR", "step_end_BR"), step_rewards(samples, scores.reward_B, cfg.data.format_weight)))
   adv_BR, returns_BR = obj_lib.batch_advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
-                                                prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values)
+                                                prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values,
+                                                **steps)
   adv_BR, returns_BR = np.asarray(adv_BR, np.float32), np.asarray(returns_BR, np.float32)
   if faults.point("advantage"):
     adv_BR = adv_BR * np.nan

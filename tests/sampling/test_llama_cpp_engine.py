@@ -39,7 +39,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model import lora
+from jaxrl_llm.model.config import LoraConfig, ModelConfig
 from jaxrl_llm.model.logprobs import response_hidden
 from jaxrl_llm.model.params import init_params
 from jaxrl_llm.model.tokenizer import CharTokenizer
@@ -310,5 +311,59 @@ def test_a_setting_llama_cpp_ignores_is_caught():
     with pytest.raises(ConfigError, match=r"applies samplers=\['temperature', 'top_k', 'top_p', 'min_p'\] where the "
                                           r"engine asked for \['temperature', 'top_k', 'top_p', 'min_p', 'tail_free'\]"):
       eng.check_applied_settings([TOK.bos_id])
+  finally:
+    eng.close()
+
+
+def _lora_policy(scale: float):
+  """A tiny LoRA policy (rank 4 on every projection) whose adapters B are `scale` x N(0, 1): what
+  training made of them (0: the base model, exactly)."""
+  cfg = ModelConfig.tiny(V, init_std=0.1, lora=LoraConfig(rank=4, alpha=8.0))
+  params = lora.attach(init_params(lora.base_config(cfg), jax.random.key(0)), cfg, jax.random.key(1))
+  layers = {k: (scale * jax.random.normal(jax.random.key(i), v.shape, v.dtype) if "_lora_b_" in k else v)
+            for i, (k, v) in enumerate(sorted(params["layers"].items()))}
+  return cfg, {**params, "layers": layers}
+
+
+def test_a_lora_policy_reaches_the_server_merged_and_a_server_left_on_the_base_is_refused():
+  """The engine exports a LoRA policy merged (W + s A B) and the sync check passes at the f32
+  tolerance; the adapters move the probe's log-probs by far more than that tolerance, so a server
+  that kept the base (an adapter never delivered) fails the check instead of passing as staleness."""
+  cfg, trained = _lora_policy(0.5)
+  _, untrained = _lora_policy(0.0)
+  s = ServerConfig(command=COMMAND, sync="restart", export="f32", timeout_s=60.0, wait_s=60.0, concurrency=1)
+  eng = make_openai_engine(model_cfg=cfg, sampling_cfg=sampling(), tokenizer=TOK, settings=s, ctx_per_slot=64)
+  try:
+    eng.sync(trained, 0)
+    m = eng.metrics()
+    assert m["engine/sync_check_failures"] == 0.0 and m["engine/sync_probe_max_abs_dlogp"] < 1e-4
+    eng.sync(untrained, 1)  # the server now holds the base model (B = 0)
+    served = eng.weight_sync.current
+    with pytest.raises(SyncCheckFailed, match="but its log-probs"):
+      eng.verify(trained, Exported(path=served, version=1, tag=served, export_s=0.0), Deadline(60.0, 0))
+    assert eng.last_check.max_abs_dlogp > 100 * SYNC_TOLERANCE["f32"]
+  finally:
+    eng.close()
+
+
+def test_lora_rl_steps_through_llama_cpp_pass_the_sync_check_every_step(tmp_path, quiet_log):
+  from run_helpers import load_config, make_trainer, shrink
+
+  from jaxrl_llm.training.config import from_config_dict
+
+  c = shrink(load_config("grpo"), **{"rollout.engine": "openai", "rollout.server.command": COMMAND,
+                                     "rollout.server.concurrency": 2, "rollout.server.sync_every": 1, "train.steps": 3,
+                                     "model.lora.rank": 4, "model.lora.alpha": 8.0, "train.lr": 0.05})
+  tr = make_trainer(from_config_dict(c), tmp_path / "run", quiet_log)
+  state = tr.start_rl(tr.setup_extensions(tr.init_state(jax.random.key(0))))
+  eng = tr.context.engine
+  try:
+    for step in range(3):
+      state, metrics = tr.step(state)
+      m = eng.metrics()
+      assert eng.version == step and m["engine/syncs"] == step + 1 and m["engine/sync_check_failures"] == 0
+      assert metrics["mismatch/log_c_abs_mean"] < 1e-3  # the server samples the merged policy: mu ~ pi_prox
+    b_norm = max(float(jnp.abs(v).max()) for k, v in state.params["layers"].items() if "_lora_b_" in k)
+    assert b_norm > 0  # the adapters trained, and what the server scored was the adapted model
   finally:
     eng.close()
