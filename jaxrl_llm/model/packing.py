@@ -18,9 +18,10 @@ and which buffer slot's hidden state predicts each response token. On the device
 and `response_hidden`'s packed path only gather; the gradient of the gather sums a shared prompt's
 activations over its group as the padded computation's does.
 
-Shapes stay static: S is fixed for a run, and the number of buffers per chunk (a micro-batch or a
-recompute chunk) is rounded up to one of at most 8 steps of `units / 8` (`buffer_ladder`), so a
-run compiles at most 8 packed programs per function (`train.pack`, training/packing_policy.py).
+Shapes stay static: S is one of at most 3 lengths for a run (training/pack.py), and the number of
+buffers per chunk (a micro-batch or a recompute chunk) is rounded up to one of at most 8 steps of
+`units / 8` (`buffer_ladder`), so a run compiles at most 24 packed programs per function, in
+practice the few its length distribution hits (`train.pack`, training/pack.py).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class TrainConfig:
   prox: str  # where log pi_prox comes from: recompute | detach (training/prox.py)
   share_prompt: str  # a group's prompt run once per forward of the update and recompute: auto | on | off
   pack: str  # the update's and recompute's rows packed end to end in buffers: auto | on | off (training/pack.py)
-  pack_length: int  # slots per packing buffer; 0: twice the padded sequence
+  pack_length: int  # slots per packing buffer; 0: the cheapest of 1, 1.5 and 2 padded sequences
 
   def __post_init__(self):
     check_int("config.train.steps", self.steps, 0)

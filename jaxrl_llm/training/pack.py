@@ -2,8 +2,8 @@
 
 The decision is taken on the host per micro-batch set (the update's mini-batch, split into its
 micro-batches) or per recompute chunk, from the rows' masks: the rows go into buffers of
-`train.pack_length` slots (0: twice the padded layout's sequence, so that about two units share a
-buffer), their number rounded up to `packing.buffer_ladder`'s steps. "auto" packs where that costs
+`train.pack_length` slots (0: whichever of 1, 1.5 and 2 padded sequences costs the fewest FLOPs for
+these rows), their number rounded up to `packing.buffer_ladder`'s steps. "auto" packs where that costs
 fewer forward FLOPs (logprobs.forward_flops, dense attention over each buffer counted) than the
 padded layout the run would otherwise use, by more than `AUTO_MARGIN`, "on" wherever the rows fit,
 "off" never. The padded layout is one sequence per row, or per group where the prompt is shared
@@ -13,6 +13,7 @@ padded layout the run would otherwise use, by more than `AUTO_MARGIN`, "on" wher
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -21,6 +22,10 @@ from jaxrl_llm.model import packing as packing_lib
 from jaxrl_llm.model.logprobs import forward_flops, shared_prompt_pays
 
 AUTO_MARGIN = 0.9  # auto packs where the packed forward costs < 0.9 x the padded one's FLOPs
+# train.pack_length = 0: the buffer lengths tried, in padded units (P + G R slots). Units that fill about
+# half their padded length pair up in 1.5 units; shorter ones fill 2 units more tightly (the attention
+# over a buffer grows with its square, so longer buffers are not tried).
+AUTO_LENGTHS = (1.0, 1.5, 2.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,18 +34,19 @@ class PackPolicy:
 
   model_cfg: ModelConfig
   mode: str = "off"  # train.pack
-  length: int = 0  # train.pack_length: slots per buffer; 0: twice the padded sequence
+  length: int = 0  # train.pack_length: slots per buffer; 0: the cheapest of AUTO_LENGTHS padded sequences
   group: int = 1  # rows per unit: cfg.prompt_group (a group's rows share its prompt)
   always_share: bool = False  # train.share_prompt = on: the padded layout always shares
   shards: int = 1  # the mesh's batch shards: buffer counts are multiples of it
 
-  def buffer_length(self, P: int, R: int) -> int:
-    """Slots per buffer for rows of P prompt and R response slots; every unit must fit one."""
+  def buffer_lengths(self, P: int, R: int) -> tuple[int, ...]:
+    """The slots per buffer `plan` may use for rows of P prompt and R response slots (every unit must
+    fit one): `train.pack_length`, or with 0 each of AUTO_LENGTHS padded units."""
     unit = P + self.group * R
     if self.length and self.length < unit:
       raise ValueError(f"train.pack_length={self.length} is shorter than one unit of {unit} slots (prompt {P} + "
                        f"{self.group} x response {R}): allowed 0 (auto) or >= {unit}")
-    return self.length or 2 * unit
+    return (self.length,) if self.length else tuple(math.ceil(f * unit) for f in AUTO_LENGTHS)
 
   def padded_flops(self, rows: int, P: int, R: int) -> float:
     """The padded forward's FLOPs over `rows` rows, sharing the prompt where it would."""
@@ -60,13 +66,18 @@ class PackPolicy:
     rows = B // chunks
     if rows % self.group:
       return None  # (config: share_prompt gives group > 1 only with whole groups per micro-batch)
-    S = self.buffer_length(P, R)
-    need = packing_lib.needed_buffers(prompt_mask_BP, attend_BR, group=self.group, length=S, chunks=chunks)
     shards = self.shards // np.gcd(self.shards, chunks)  # chunks x buffers must split over the shards
     ladder = packing_lib.buffer_ladder(rows // self.group, shards)
-    fits = [n for n in ladder if n >= need]
-    n = fits[0] if fits else -(-need // shards) * shards
-    if self.mode == "auto" and forward_flops(self.model_cfg, n, S) >= AUTO_MARGIN * self.padded_flops(rows, P, R):
+    best = None  # (forward FLOPs of a chunk, S, buffers): the cheapest buffer length for these rows
+    for S in self.buffer_lengths(P, R):
+      need = packing_lib.needed_buffers(prompt_mask_BP, attend_BR, group=self.group, length=S, chunks=chunks)
+      fits = [n for n in ladder if n >= need]
+      n = fits[0] if fits else -(-need // shards) * shards
+      cost = forward_flops(self.model_cfg, n, S)
+      if best is None or cost < best[0]:
+        best = (cost, S, n)
+    cost, S, n = best
+    if self.mode == "auto" and cost >= AUTO_MARGIN * self.padded_flops(rows, P, R):
       return None
     return packing_lib.plan(prompt_mask_BP, attend_BR, group=self.group, length=S, buffers=n, chunks=chunks)
 

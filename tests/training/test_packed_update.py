@@ -13,23 +13,19 @@ import dataclasses
 import types
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from run_helpers import load_config, make_trainer, shrink
+from update_batches import scored_batch, sgd_update
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model.heads import init_value_head
-from jaxrl_llm.model.logprobs import response_hidden
+from jaxrl_llm.model.logprobs import forward_flops
 from jaxrl_llm.objectives import get_preset
-from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.pack import PackPolicy, balanced_order
 from jaxrl_llm.training.recompute import RecomputeSpec, policy_logprobs
 from jaxrl_llm.training.step import rl_step
-from jaxrl_llm.training.update import UpdateSpec, UpdateState, update_step
 
 V, G, N, P, R, K = 47, 4, 4, 5, 8, 4  # N groups of G rows
 B = N * G
@@ -50,38 +46,13 @@ def _rows(seed=0):
 
 
 def _batch(obj, params, seed=1):
-  prompt_BP, pmask_BP, tokens_BR, mask_BR = _rows(seed)
-  sampler = jax.tree.map(lambda x: x + 0.01 * jax.random.normal(jax.random.key(7), x.shape, x.dtype), params)
-  head = model_lib.lm_head(sampler, CFG)
-  mu_hidden = response_hidden(sampler, CFG, prompt_BP, pmask_BP, tokens_BR, mask_BR)
-  mu_logp_BRV = np.asarray(jax.nn.log_softmax(mu_hidden @ head, axis=-1))
-  take = lambda lp, ids: np.take_along_axis(lp, ids, axis=-1).astype(np.float32)  # noqa: E731
-  topk_BRK = np.argsort(-mu_logp_BRV, axis=-1)[..., :K].astype(np.int32)
-  behav = take(mu_logp_BRV, tokens_BR[..., None])[..., 0]
-  rng = np.random.default_rng(seed)
-  return TrainBatch(
-      prompt_BP=prompt_BP, prompt_mask_BP=pmask_BP, tokens_BR=tokens_BR, mask_BR=mask_BR,
-      behav_logp_BR=behav, prox_logp_BR=behav + 1e-4 * rng.standard_normal((B, R)).astype(np.float32),  # geo_mis: band 2e-4
-      ref_logp_BR=behav + 0.05 * rng.standard_normal((B, R)).astype(np.float32),
-      adv_BR=rng.standard_normal((B, R)).astype(np.float32),
-      returns_BR=rng.standard_normal((B, R)).astype(np.float32), old_values_BR=np.zeros((B, R), np.float32),
-      topk_ids_BRK=topk_BRK if obj.needs_centering else np.zeros((B, R, 0), np.int32),
-      topk_logp_BRK=take(mu_logp_BRV, topk_BRK) if obj.needs_centering else np.zeros((B, R, 0), np.float32),
-      behav_hidden_BRD=np.asarray(mu_hidden) if obj.needs_token_kl else np.zeros((B, R, 0), np.float32),
-      extra_BR={}), ({AUX_BEHAV_HEAD: head} if obj.needs_token_kl else {})
+  # pi_prox within 1e-4 of mu: geo_mis keeps sequences whose geometric-mean ratio lies in [0.9998, 1.0002].
+  return scored_batch(CFG, obj, params, _rows(seed), K=K, seed=seed, prox_noise=1e-4, ref_noise=0.05)
 
 
 def _update(obj, params, batch, aux, use_value, prompt_group):
-  spec = UpdateSpec(model_cfg=CFG, objective=obj, group_size=G, n_micro=N_MICRO, temperature=1.0, impl="naive",
-                    use_value=use_value, prompt_group=prompt_group, always_share=True)
-  tx = optax.sgd(1.0)  # the parameter change is -gradient
-  vparams = init_value_head(CFG.d_model, jax.random.key(3), 8)
-  vparams["w2_F"] = jnp.linspace(-1.0, 1.0, 8)  # values that depend on the hidden states
-  state = UpdateState(params=params, opt_state=tx.init(params), value_params=vparams, value_opt_state=tx.init(vparams))
-  new, metrics = jax.jit(update_step, static_argnames=("spec", "tx", "vtx"))(state, batch, aux, spec=spec, tx=tx,
-                                                                             vtx=tx)
-  delta = jax.tree.map(lambda a, b: np.asarray(a - b), (new.params, new.value_params), (params, vparams))
-  return delta, jax.device_get(metrics)
+  return sgd_update(CFG, obj, params, batch, aux, group_size=G, n_micro=N_MICRO, prompt_group=prompt_group,
+                    use_value=use_value)
 
 
 def _check_packed_update(preset, group):
@@ -146,7 +117,15 @@ def test_auto_packs_long_tailed_rows_and_not_full_ones():
   _, pmask, _, mask = _rows()
   policy = PackPolicy(model_cfg=CFG, mode="auto", group=1)
   packed = policy.plan(pmask, mask, chunks=2)
-  assert packed is not None and packed.length == 2 * (P + R)
+  unit = P + R
+  assert policy.buffer_lengths(P, R) == (unit, 20, 2 * unit)  # 1, 1.5 (rounded up) and 2 units of 13
+  assert packed is not None and packed.length in policy.buffer_lengths(P, R)
+  # The length chosen is the cheapest of the three by the FLOP count.
+  costs = {}
+  for S in policy.buffer_lengths(P, R):
+    fixed = PackPolicy(model_cfg=CFG, mode="on", group=1, length=S).plan(pmask, mask, chunks=2)
+    costs[S] = forward_flops(CFG, fixed.src_nS.shape[0] // 2, S)
+  assert packed.length == min(costs, key=costs.get)
   assert policy.plan(pmask, np.ones_like(mask), chunks=2) is None  # every row full: nothing to gain
   assert PackPolicy(model_cfg=CFG, mode="off").plan(pmask, mask) is None
   assert PackPolicy(model_cfg=CFG, mode="on", group=1).plan(pmask, np.ones_like(mask)) is not None
