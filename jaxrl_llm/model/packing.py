@@ -12,7 +12,7 @@ only earlier tokens of its own document, and within it the prompt (part 0) and i
 forward is the same function of the params as the padded one, token for token, to float
 rounding: only the slots differ.
 
-The placement is planned on the host (`plan`, numpy, from the masks) and travels with the batch as
+The placement is planned on the host (`pack_rows`, numpy, from the masks) and travels with the batch as
 a `Packing` of int32 arrays: which source slot fills each buffer slot, its position and segment,
 and which buffer slot's hidden state predicts each response token. On the device `gather_inputs`
 and `response_hidden`'s packed path only gather; the gradient of the gather sums a shared prompt's
@@ -109,8 +109,8 @@ def needed_buffers(prompt_mask_BP: np.ndarray, attend_BR: np.ndarray, *, group: 
   return max(first_fit(part, length)[2] for part in np.split(unit_len_U, chunks))
 
 
-def plan(prompt_mask_BP: np.ndarray, attend_BR: np.ndarray, *, group: int, length: int, buffers: int,
-         chunks: int = 1) -> Packing:
+def pack_rows(prompt_mask_BP: np.ndarray, attend_BR: np.ndarray, *, group: int, length: int, buffers: int,
+              chunks: int = 1) -> Packing:
   """The packing of a batch (numpy masks) into `chunks` equal chunks of rows, each packed on its
   own into `buffers` buffers of `length` slots (chunk c's buffers are rows c * buffers.. of the
   arrays, so splitting every array of the result into `chunks` along its first axis gives each

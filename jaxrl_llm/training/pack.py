@@ -79,7 +79,7 @@ class PackPolicy:
     cost, S, n = best
     if self.mode == "auto" and cost >= AUTO_MARGIN * self.padded_flops(rows, P, R):
       return None
-    return packing_lib.plan(prompt_mask_BP, attend_BR, group=self.group, length=S, buffers=n, chunks=chunks)
+    return packing_lib.pack_rows(prompt_mask_BP, attend_BR, group=self.group, length=S, buffers=n, chunks=chunks)
 
 
 def balanced_order(prompt_mask_BP, attend_BR, *, chunks: int, unit: int) -> np.ndarray:

@@ -26,7 +26,7 @@ def test_plan_golden_layout():
   (left-padded) and reads 2 response tokens, row 1 has 3 and reads 1."""
   pmask = np.array([[0, 1, 1], [1, 1, 1]], bool)
   attend = np.array([[1, 1, 0], [1, 0, 0]], bool)
-  pk = packing_lib.plan(pmask, attend, group=1, length=8, buffers=1)
+  pk = packing_lib.pack_rows(pmask, attend, group=1, length=8, buffers=1)
   # Sources index the rows flattened as [prompt | response], 6 slots each.
   np.testing.assert_array_equal(pk.src_nS, [[1, 2, 3, 4, 6, 7, 8, 9]])
   np.testing.assert_array_equal(pk.positions_nS, [[0, 1, 2, 3, 0, 1, 2, 3]])
@@ -35,9 +35,9 @@ def test_plan_golden_layout():
   # Token t is predicted by the slot before it; row 1's token 2 lies past what it reads (slot 0).
   np.testing.assert_array_equal(pk.dst_BR, [[1, 2, 3], [6, 7, 0]])
   with pytest.raises(ValueError, match="needs 2 buffers of 5 slots, 1 given"):
-    packing_lib.plan(pmask, attend, group=1, length=5, buffers=1)
+    packing_lib.pack_rows(pmask, attend, group=1, length=5, buffers=1)
   with pytest.raises(ValueError, match="row 1 has no prompt token"):
-    packing_lib.plan(np.array([[1, 1, 1], [0, 0, 0]], bool), attend, group=1, length=8, buffers=2)
+    packing_lib.pack_rows(np.array([[1, 1, 1], [0, 0, 0]], bool), attend, group=1, length=8, buffers=2)
 
 
 def test_first_fit_and_buffer_ladder():
@@ -79,7 +79,7 @@ def test_packed_hidden_states_equal_the_padded_rows(cfg, group):
   length = 2 * unit
   chunks = 2
   n_buf = packing_lib.needed_buffers(pmask, attend, group=group, length=length, chunks=chunks)
-  pk = packing_lib.plan(pmask, attend, group=group, length=length, buffers=n_buf, chunks=chunks)
+  pk = packing_lib.pack_rows(pmask, attend, group=group, length=length, buffers=n_buf, chunks=chunks)
   assert n_buf < B // chunks // group  # more than one unit per buffer: documents really share buffers
   got = []
   for c in range(chunks):  # each chunk packed on its own, as the update's micro-batches are
@@ -98,7 +98,7 @@ def test_packed_logprobs_and_gradient_equal_the_padded():
   B, P, R, G = 6, 5, 4, 3
   params = model_lib.init_params(CFG, jax.random.key(1))
   prompt, pmask, tokens, attend = _rows(B, P, R, G, seed=5)
-  pk = packing_lib.plan(pmask, attend, group=G, length=P + G * R, buffers=2)
+  pk = packing_lib.pack_rows(pmask, attend, group=G, length=P + G * R, buffers=2)
 
   def loss(p, packing):
     lp = response_logprobs(p, CFG, prompt, pmask, tokens, attend, temperature=0.7, impl="naive", packing=packing)
@@ -117,7 +117,7 @@ def test_documents_do_not_see_each_other():
   params = model_lib.init_params(CFG, jax.random.key(2))
   prompt, pmask, tokens, attend = _rows(B, P, R, 1, seed=9)
   attend[1, :2] = True
-  pk = packing_lib.plan(pmask, attend, group=1, length=2 * (P + R), buffers=1)
+  pk = packing_lib.pack_rows(pmask, attend, group=1, length=2 * (P + R), buffers=1)
   a = np.asarray(response_hidden(params, CFG, prompt, pmask, tokens, attend, packing=pk))
   prompt2, tokens2 = prompt.copy(), tokens.copy()
   prompt2[0] = (prompt2[0] + 1) % V
