@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrl_llm.model.transformer import PART_BITS, segment_id
+from jaxrl_llm.model.visibility import PART_BITS, segment_id
 
 LADDER_STEPS = 8  # buffer counts per chunk: ceil(k * units / 8), k = 1..8
 

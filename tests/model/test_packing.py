@@ -11,7 +11,7 @@ import pytest
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.model import packing as packing_lib
 from jaxrl_llm.model.logprobs import response_hidden, response_logprobs
-from jaxrl_llm.model.transformer import segment_id
+from jaxrl_llm.model.visibility import segment_id
 
 V = 47
 CFG = model_lib.ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48,
