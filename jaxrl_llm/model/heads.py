@@ -91,10 +91,13 @@ class RewardHead(nnx.Module):
 
 @functools.lru_cache(maxsize=None)
 def _graphdef(kind: type) -> nnx.GraphDef:
-  """A head's structure (its shapes do not enter it)."""
+  """A head's structure (its shapes do not enter it). Built outside any mesh in context (a step runs
+  under `use_abstract_mesh`, whose axes are not the params' logical names), so the first call may come
+  from anywhere."""
   abstract = {ValueHead: lambda: ValueHead(1, init_value_head(1, jax.random.key(0), 1)),
               RewardHead: lambda: RewardHead(1, init_reward_head(1, jax.random.key(0)))}[kind]
-  return nnx.graphdef(nnx.eval_shape(abstract))
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+    return nnx.graphdef(nnx.eval_shape(abstract))
 
 
 def value_head(vparams: dict, hidden_BRD: jax.Array) -> jax.Array:

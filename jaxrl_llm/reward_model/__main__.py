@@ -1,7 +1,8 @@
 """Entry point: `python -m jaxrl_llm.reward_model --config=configs/reward_model.py
 [--config.some.key=value ...] [--workdir=DIR]`.
 
-Trains a reward model from preference pairs (training/reward_loop.py): the
+Trains a reward model from preference pairs, or a process reward model from stepwise labels
+(config.objective="process"; training/reward_loop.py): the
 config is validated and every pair read before any workdir exists; a bad
 value or row ends with one `error:` line and exit status 2. The run ends
 with <workdir>/summary.json and, with `export`, <workdir>/hf.
@@ -41,8 +42,11 @@ def main(argv):
   print(f"reward model {cfg.name} -> {workdir}")
   summary = run.run()
   print(json.dumps(summary, indent=2))
-  print(f"held-out pairwise accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
-        f"(ECE {summary['eval_ece_end']:.3f}) in {summary['run_time_s']:.0f} s; summary: "
+  what = "step" if cfg.process else "pairwise"
+  extra = (f", first wrong step found in {summary['eval_first_error_accuracy_end']:.3f} of solutions"
+           if cfg.process else "")
+  print(f"held-out {what} accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
+        f"(ECE {summary['eval_ece_end']:.3f}{extra}) in {summary['run_time_s']:.0f} s; summary: "
         f"{os.path.join(workdir, 'summary.json')}")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
-from jaxrl_llm.checks import ConfigError, bad, check_bool, check_float, check_int, check_keys
+from jaxrl_llm.checks import ConfigError, bad, check_bool, check_choice, check_float, check_int, check_keys
 from jaxrl_llm.model.config import ModelSpec
 from jaxrl_llm.model.gguf_io import resolve_model_path
 from jaxrl_llm.model.sharding import MeshConfig
@@ -31,10 +31,12 @@ class PreferenceDataConfig:
   digits: int
   digits2: int
   ops: str
+  n_terms: int
+  step_separator: str
   label_noise: float
 
   def __post_init__(self):
-    for f in ("path", "eval_path", "ops"):
+    for f in ("path", "eval_path", "ops", "step_separator"):
       if not isinstance(getattr(self, f), str):
         raise bad(f"config.data.{f}", getattr(self, f), "a string")
     if self.eval_path and not self.path:
@@ -48,9 +50,13 @@ class PreferenceDataConfig:
     check_int("config.data.digits2", self.digits2, 0, 9)
     if not self.ops or any(o not in OPS for o in self.ops):
       raise bad("config.data.ops", self.ops, f"a non-empty subset of {''.join(OPS)!r}")
+    check_int("config.data.n_terms", self.n_terms, 2, 6)
+    if not self.step_separator:
+      raise bad("config.data.step_separator", self.step_separator, "a non-empty string (it closes every step)")
     check_float("config.data.label_noise", self.label_noise, 0.0, 1.0)
     if self.label_noise and self.path:
-      raise bad("config.data.label_noise", self.label_noise, "swaps pairs of the built-in set only: 0 with data.path")
+      raise bad("config.data.label_noise", self.label_noise,
+                "swaps pairs of the built-in set (flips its step labels) only: 0 with data.path")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +72,7 @@ class RewardTrainConfig:
   clip_norm: float
   margin: float
   center_coef: float
+  last_step_only: bool
 
   def __post_init__(self):
     check_int("config.train.steps", self.steps, 0)
@@ -79,6 +86,7 @@ class RewardTrainConfig:
     check_float("config.train.clip_norm", self.clip_norm, 0.0)
     check_float("config.train.margin", self.margin)
     check_float("config.train.center_coef", self.center_coef, 0.0)
+    check_bool("config.train.last_step_only", self.last_step_only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,12 +114,16 @@ REWARD_SECTIONS: dict[str, type] = {
     "log": RewardLogConfig,
     "checkpoint": CheckpointConfig,  # checkpointing/config.py
 }
-REWARD_TOP_KEYS = ("name", "seed", "workdir_root", "init_checkpoint", "export")
+REWARD_TOP_KEYS = ("name", "objective", "seed", "workdir_root", "init_checkpoint", "export")
+# objective: "bradley_terry" trains r(x, y) from preference pairs (loss.py); "process" trains a score per
+# reasoning step from stepwise labels (process.py).
+OBJECTIVES = ("bradley_terry", "process")
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardModelConfig:
   name: str  # the run's name (console, summary, default workdir)
+  objective: str  # one of OBJECTIVES
   seed: int
   workdir_root: str
   init_checkpoint: str  # the trunk's params from a run's workdir or a HF directory; "": fresh (or model.hf_path)
@@ -127,7 +139,15 @@ class RewardModelConfig:
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name:
       raise bad("config.name", self.name, "a non-empty string")
+    check_choice("config.objective", self.objective, OBJECTIVES)
     check_int("config.seed", self.seed, 0)
+    if self.process:
+      for field, value in (("train.margin", self.train.margin), ("train.center_coef", self.train.center_coef)):
+        if value:
+          raise bad(f"config.{field}", value, "0 with config.objective='process' (a Bradley-Terry term)")
+    elif self.train.last_step_only:
+      raise bad("config.train.last_step_only", True, "False with config.objective='bradley_terry' (a stepwise "
+                "label option: objective='process')")
     if not isinstance(self.init_checkpoint, str):
       raise bad("config.init_checkpoint", self.init_checkpoint, "a path (a run's workdir or a HF directory) or ''")
     check_bool("config.export", self.export)
@@ -135,6 +155,11 @@ class RewardModelConfig:
   @property
   def run_name(self) -> str:
     return self.name
+
+  @property
+  def process(self) -> bool:
+    """A process reward model (per-step labels)."""
+    return self.objective == "process"
 
   @property
   def builtin(self) -> bool:

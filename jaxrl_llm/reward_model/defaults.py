@@ -21,13 +21,14 @@ from jaxrl_llm.checkpointing.config import CheckpointConfig
 def reward_model_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "reward_model"  # what the run calls itself (console, summary, default workdir <workdir_root>/<name>-<UTC time>)
+  c.objective = "bradley_terry"  # bradley_terry: a score per response from preference pairs {prompt, chosen, rejected} (reward_model/loss.py) | process: a score per reasoning step from stepwise rows {prompt, completions, labels} (reward_model/process.py)
   c.seed = 0  # PRNG seed of the head and fresh trunk init, the pair order and the held-out split
   c.workdir_root = "./runs"  # runs go to <workdir_root>/<name>-<UTC timestamp> unless --workdir is given
   c.init_checkpoint = ""  # the trunk's params from a run's workdir (newest step: a policy or a reward model) or a HF directory of the same model; "": fresh (or model.hf_path's weights)
   c.export = True  # at the end, write <workdir>/hf: a Hugging Face <Family>ForSequenceClassification folder (num_labels 1)
 
   c.data = ml_collections.ConfigDict()
-  c.data.path = ""  # preference rows {prompt, chosen, rejected[, margin]}, .jsonl or .parquet; "": the built-in arithmetic pairs
+  c.data.path = ""  # preference rows {prompt, chosen, rejected[, margin]} (objective=process: stepwise rows {prompt, completions, labels}), .jsonl or .parquet; "": the built-in arithmetic pairs (process: the built-in chained sums)
   c.data.eval_path = ""  # held-out rows; "": hold out data.eval_fraction of data.path (by prompt)
   c.data.eval_fraction = 0.2  # held-out share of the rows (file) or of the problem space (built-in)
   c.data.chat_template = False  # plain-text rows: wrap the prompt as a user message with the tokenizer's chat template (message rows always use it)
@@ -37,7 +38,9 @@ def reward_model_config() -> ml_collections.ConfigDict:
   c.data.digits = 2  # built-in: first operand size in decimal digits
   c.data.digits2 = 1  # built-in: second operand size in decimal digits; 0: same as data.digits
   c.data.ops = "+"  # built-in: operators drawn, a subset of "+-*"
-  c.data.label_noise = 0.0  # built-in: share of training pairs whose chosen and rejected are swapped (seeded); held-out pairs never are
+  c.data.n_terms = 3  # built-in, objective=process: summands per chained sum (tasks/chain.py; data.digits is their size)
+  c.data.step_separator = "\n"  # objective=process: the text closing every step; its last token carries the step's label (TRL's step_separator)
+  c.data.label_noise = 0.0  # built-in: share of training pairs whose chosen and rejected are swapped (process: of step labels flipped; seeded); held-out rows never are
 
   c.model = ml_collections.ConfigDict()
   c.model.hf_path = ""  # a Hugging Face checkpoint directory (architecture, tokenizer, weights); empty: the tiny model below
@@ -68,6 +71,7 @@ def reward_model_config() -> ml_collections.ConfigDict:
   c.train.clip_norm = 1.0  # global gradient-norm clip; 0 disables
   c.train.margin = 0.0  # Bradley-Terry margin m of pairs without a margin of their own: -log sigmoid(r_c - r_r - m)
   c.train.center_coef = 0.0  # centring penalty coef * mean((r_c + r_r)^2) (TRL's center_rewards_coefficient); 0 off
+  c.train.last_step_only = False  # objective=process: train on each solution's last step label only (TRL's train_on_last_step_only; held-out rows keep every step)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 100  # also score the held-out pairs every this many steps; 0: at the start and the end only

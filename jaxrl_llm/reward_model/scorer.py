@@ -55,6 +55,14 @@ def reward_scores(params: dict, head: dict, model_cfg: ModelConfig, tokens_BT: j
   return reward_head(head, h_BD)
 
 
+def token_scores(params: dict, head: dict, model_cfg: ModelConfig, tokens_BT: jax.Array,
+                 mask_BT: jax.Array) -> jax.Array:
+  """s_BT (f32): the head read at every token, a process reward model's per-step score (process.py)."""
+  hidden_BTD, _ = model_lib.forward(params, model_cfg, tokens_BT, positions_from_mask(mask_BT), mask_BT)
+  B, T, D = hidden_BTD.shape
+  return reward_head(head, hidden_BTD.reshape(B * T, D)).reshape(B, T)
+
+
 def model_config_from_dict(d: dict) -> ModelConfig:
   """The ModelConfig a checkpoint's meta recorded (`to_jsonable` of it)."""
   return ModelConfig.from_dict(d)

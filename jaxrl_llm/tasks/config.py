@@ -11,6 +11,7 @@ from jaxrl_llm.tasks import registry
 from jaxrl_llm.tasks.registry import MODEL_REWARD
 
 REWARD_NORMS = ("none", "running", "group")  # data.reward_norm (reward_model/rl_reward.py)
+PROCESS_REDUCES = ("min", "prod")  # data.process_reduce (reward_model/process.py's solution_score)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,7 @@ class DataConfig:
   reward_model_weight: float
   verifier_weight: float
   reward_norm: str
+  process_reduce: str
 
   def __post_init__(self):
     if not isinstance(self.tag_key, str):
@@ -69,6 +71,7 @@ class DataConfig:
     check_float("config.data.reward_model_weight", self.reward_model_weight, 0.0, 100.0)
     check_float("config.data.verifier_weight", self.verifier_weight, 0.0, 100.0)
     check_choice("config.data.reward_norm", self.reward_norm, REWARD_NORMS)
+    check_choice("config.data.process_reduce", self.process_reduce, PROCESS_REDUCES)
     check_float("config.data.format_weight", self.format_weight, 0.0, 1.0)
     check_float("config.data.reward_timeout_s", self.reward_timeout_s, 0.0, 3600.0, low_open=True)
     check_int("config.data.reward_workers", self.reward_workers, 0, 256)

@@ -18,6 +18,7 @@ from typing import Any
 
 from jaxrl_llm.tasks.arithmetic import ArithmeticTask, arithmetic_format, arithmetic_reward
 from jaxrl_llm.tasks.base import FormatFn, RewardFn, Task
+from jaxrl_llm.tasks.chain import ChainTask, chain_format, chain_reward
 from jaxrl_llm.tasks.countdown import CountdownTask, countdown_format, countdown_reward
 from jaxrl_llm.tasks.files import FileTask
 from jaxrl_llm.tasks.math_reward import boxed_format, math_verify_reward
@@ -82,6 +83,12 @@ def _countdown(cfg) -> Task:
                        eval_fraction=t.eval_fraction, wrong_fraction=cfg.sft.wrong_fraction)
 
 
+def _chain(cfg) -> Task:
+  t = cfg.task
+  return ChainTask(n_terms=t.n_numbers, digits=t.digits, seed=cfg.seed, eval_fraction=t.eval_fraction,
+                   wrong_fraction=cfg.sft.wrong_fraction)
+
+
 def _word_problems(cfg, prompt_format: str = "instruction") -> Task:
   return WordProblemTask(max_number=cfg.task.max_number, seed=cfg.seed, eval_fraction=cfg.task.eval_fraction,
                          prompt_format=prompt_format)
@@ -97,10 +104,12 @@ def _file(cfg) -> Task:
 
 register_task("arithmetic", _arithmetic)
 register_task("countdown", _countdown)
+register_task("chain", _chain)
 register_task("file", _file)
 register_task("word_problems", _word_problems)
 # The same problems for a base model: "Question: ...\nAnswer:" prompts, the reply's first line judged.
 register_task("word_problems_qa", lambda cfg: _word_problems(cfg, "qa"))
 register_reward("arithmetic", arithmetic_reward, arithmetic_format)
 register_reward("countdown", countdown_reward, countdown_format)
+register_reward("chain", chain_reward, chain_format)
 register_reward("math_verify", math_verify_reward, boxed_format)

@@ -73,11 +73,11 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
 
   # ---- task and data -------------------------------------------------------
   c.task = ml_collections.ConfigDict()
-  c.task.name = "arithmetic"  # a task of tasks/registry.py: arithmetic | countdown | word_problems | word_problems_qa (the same, plain "Question: ...\nAnswer:" prompts for a base model) | file (prompts from data.path)
-  c.task.digits = 2  # arithmetic: first operand size in decimal digits
+  c.task.name = "arithmetic"  # a task of tasks/registry.py: arithmetic | countdown | chain (chained sums, one running sum per line: steps for process rewards) | word_problems | word_problems_qa (the same, plain "Question: ...\nAnswer:" prompts for a base model) | file (prompts from data.path)
+  c.task.digits = 2  # arithmetic: first operand size in decimal digits; chain: summand size
   c.task.digits2 = 1  # arithmetic: second operand size in decimal digits; 0: same as task.digits
   c.task.ops = "+"  # arithmetic: operators drawn, a subset of "+-*"
-  c.task.n_numbers = 3  # countdown: numbers to combine
+  c.task.n_numbers = 3  # countdown: numbers to combine; chain: summands (n_numbers - 1 steps)
   c.task.max_number = 9  # countdown: numbers drawn from [1, max_number]; word_problems: operands from [2, max_number]
   c.task.eval_fraction = 0.2  # share of the problem space (or of the file's rows) held out for eval
   c.task.n_train = 20000  # examples in the training pool (built-in tasks; files use every row)
@@ -94,6 +94,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.data.reward_model_weight = 1.0  # data.reward=model: w_rm in R = w_rm * norm(r_rm) + w_v * r_verifier (reward_model/rl_reward.py; InstructGPT's KL in the reward: objective.kl_placement=reward)
   c.data.verifier_weight = 0.0  # data.reward=model: w_v, the verifier's (task's own) reward mixed in; 0: the reward model alone
   c.data.reward_norm = "none"  # data.reward=model: norm(r_rm): none | running (mean/std of every score so far, checkpointed) | group (mean/std of the prompt's G samples)
+  c.data.process_reduce = "min"  # data.reward=model with a process reward model: a solution's r_rm from its steps' P(good): min (Math-Shepherd) | prod (Lightman et al.); each step's own P(good) is its reward under objective.advantage=grpo_process
   c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
   c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
   c.data.reward_workers = 0  # reward worker processes; 0 scores in the trainer process

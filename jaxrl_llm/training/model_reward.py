@@ -9,6 +9,13 @@
                    pi_ref in the reward is the objective's kl_placement=reward)
     checkpoint_trees  the running moments of data.reward_norm=running (exact resume)
 
+A process reward model (a reward model trained with objective="process", reward_model/process.py)
+scores each response's steps instead: p_k = sigmoid(s_t) at the token t that ends step k
+(`process.response_step_ends`, with the separator the PRM was trained with). Under
+`objective.advantage = "grpo_process"` step k's reward is w_rm * p_k at t, and the verifier's
+(w_v * v) and the overlong penalty go to the last step; any other advantage takes the solution's
+reward w_rm * norm(reduce_k p_k) + w_v * v + s, reduce = data.process_reduce (min or prod).
+
 The task's verifier still scores every sample: its accuracy (reward/accuracy, and the evaluations)
 is the gold measure beside the proxy reward/model_mean, which is how over-optimisation shows.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 
 import jax
@@ -25,15 +33,26 @@ import numpy as np
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.checkpointing.run import ExtraTree
+from jaxrl_llm.envs.config import NO_ENV
 from jaxrl_llm.extension import Extension, SetupEnv
 from jaxrl_llm.model import sharding as sharding_lib
+from jaxrl_llm.reward_model import process as process_lib
 from jaxrl_llm.reward_model import rl_reward
-from jaxrl_llm.reward_model.scorer import HEAD_KEY, load_reward_model, reward_scores
+from jaxrl_llm.reward_model.scorer import HEAD_KEY, load_reward_model, reward_scores, token_scores
 from jaxrl_llm.tasks.registry import MODEL_REWARD
 from jaxrl_llm.training.score import soft_overlong_penalty
 
 FIELD = "config.data.reward_model"
 MOMENTS_KEY = "reward_model_moments"  # the checkpoint's tree of the running moments
+
+
+def reward_model_kind(path: str) -> dict:
+  """What the reward model's run recorded (<workdir>/config.json): {"objective", "step_separator"}
+  (a workdir from before process reward models: bradley_terry)."""
+  with open(os.path.join(path, "config.json")) as f:
+    saved = json.load(f)
+  return {"objective": saved.get("objective", "bradley_terry"),
+          "step_separator": saved.get("data", {}).get("step_separator", "\n")}
 
 
 def check_reward_model_dir(path: str) -> None:
@@ -56,12 +75,15 @@ def check_reward_model_dir(path: str) -> None:
                       "reward model (a policy run's workdir?); train one with python -m jaxrl_llm.reward_model")
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg",))
-def _score_chunk(params, head, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, *, model_cfg):
+@functools.partial(jax.jit, static_argnames=("model_cfg", "per_token"))
+def _score_chunk(params, head, prompt_BP, prompt_mask_BP, tokens_BR, context_BR, *, model_cfg, per_token):
   """r_B of [left-padded prompt | response]: the positions come from the mask, so the pads between
-  and after are skipped and r is read at the last real token (scorer.reward_scores)."""
+  and after are skipped and r is read at the last real token (scorer.reward_scores); `per_token`:
+  s_BR, the head at every response token (scorer.token_scores)."""
   tokens_BT = jnp.concatenate([prompt_BP, tokens_BR], axis=1)
   mask_BT = jnp.concatenate([prompt_mask_BP, context_BR], axis=1)
+  if per_token:
+    return token_scores(params, head, model_cfg, tokens_BT, mask_BT)[:, prompt_BP.shape[1]:]
   return reward_scores(params, head, model_cfg, tokens_BT, mask_BT)
 
 
@@ -74,12 +96,24 @@ class RewardModelExtension(Extension):
     self.cfg = data_cfg  # tasks.config.DataConfig
     self.moments = rl_reward.Moments()
     self.params = self.head = self.rm_cfg = None
+    self.kind = {"objective": "bradley_terry", "step_separator": "\n"}
 
   def preflight(self, run_cfg) -> None:
     check_reward_model_dir(run_cfg.data.reward_model)
+    self.kind = reward_model_kind(run_cfg.data.reward_model)
+    if self.process and run_cfg.env.name != NO_ENV:
+      raise ConfigError(f"{FIELD}={run_cfg.data.reward_model!r} is a process reward model, which scores the steps "
+                        f"of single-turn responses: env.name={run_cfg.env.name!r} is not allowed with it "
+                        f"(allowed {NO_ENV!r})")
+
+  @property
+  def process(self) -> bool:
+    return self.kind["objective"] == "process"
 
   def setup(self, env: SetupEnv, params):
     self.run_cfg, self.model_cfg = env.run_cfg, env.model_cfg
+    self.kind = reward_model_kind(self.cfg.reward_model)
+    self.tokenizer = env.tokenizer
     self.params, self.head, self.rm_cfg = load_reward_model(self.cfg.reward_model, env.mesh)
     if self.rm_cfg.vocab_size < env.tokenizer.vocab_size:
       raise ConfigError(f"{FIELD}={self.cfg.reward_model!r}: its vocabulary ({self.rm_cfg.vocab_size}) is smaller "
@@ -90,20 +124,35 @@ class RewardModelExtension(Extension):
     return params
 
   # ---- the score -------------------------------------------------------------------
-  def model_scores(self, samples) -> np.ndarray:
-    """r_B (host f32) of `samples`, micro-batch rows at a time on the mesh."""
+  def model_scores(self, samples, per_token: bool = False) -> np.ndarray:
+    """r_B (host f32) of `samples`, micro-batch rows at a time on the mesh; `per_token`: s_BR."""
     chunk = self.run_cfg.micro_batch_size
     arrays = (samples.prompt_BP, samples.prompt_mask_BP, samples.tokens_BR, samples.context_BR)
     outs = []
     for s in range(0, samples.tokens_BR.shape[0], chunk):
       args = jax.device_put(tuple(np.asarray(a[s:s + chunk]) for a in arrays), self.batch_sharding)
-      outs.append(_score_chunk(self.params, self.head, *args, model_cfg=self.rm_cfg))
+      outs.append(_score_chunk(self.params, self.head, *args, model_cfg=self.rm_cfg, per_token=per_token))
     return np.asarray(jax.device_get(jnp.concatenate(outs)), np.float32)
+
+  def step_scores(self, samples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p_BR, step_end_BR, solution_B) of a process reward model: P(step good) at each step end (0
+    elsewhere), the step ends, and each solution's reduced score (module docstring)."""
+    s_BR = self.model_scores(samples, per_token=True)
+    tokens_BR, mask_BR = np.asarray(samples.tokens_BR), np.asarray(samples.mask_BR, bool)
+    end_BR = np.stack([process_lib.response_step_ends(tokens_BR[b], mask_BR[b], self.tokenizer,
+                                                      self.kind["step_separator"]) for b in range(len(tokens_BR))])
+    p_BR = np.where(end_BR, 1.0 / (1.0 + np.exp(-s_BR.astype(np.float64))), 0.0).astype(np.float32)
+    solution_B = np.array([process_lib.solution_score(p_BR[b, end_BR[b]], self.cfg.process_reduce)
+                           for b in range(len(p_BR))], np.float32)
+    return p_BR, end_BR, solution_B
 
   def score_rewards(self, state, samples, scores):
     del state  # the reward model is frozen: nothing of the policy's state enters its score
     c, f = self.cfg, self.run_cfg.filters
-    model_B = self.model_scores(samples)
+    if self.process:
+      p_BR, end_BR, model_B = self.step_scores(samples)
+    else:
+      model_B = self.model_scores(samples)
     if c.reward_norm == "running":
       m = rl_reward.update_moments(self.moments, model_B[samples.sampled_B])
       # Rounded to f32 as the checkpoint holds them, so a resumed run continues exactly.
@@ -121,7 +170,22 @@ class RewardModelExtension(Extension):
     got = samples.sampled_B if samples.sampled_B.any() else np.ones_like(samples.sampled_B)
     stats = {"reward/model_mean": float(model_B[got].mean()), "reward/model_std": float(model_B[got].std()),
              "reward/verifier_mean": float(verifier_B[got].mean())}
-    return dataclasses.replace(scores, reward_B=reward_B), stats
+    if not self.process:
+      return dataclasses.replace(scores, reward_B=reward_B), stats
+    # Step k's reward w_rm * p_k where it ends; the verifier's part and the shaping at the last step end
+    # (the last sampled token when the response has no step).
+    step_reward_BR = (c.reward_model_weight * p_BR).astype(np.float32)
+    rest_B = rl_reward.mixed_reward(np.zeros_like(model_B), verifier_B, shaping_B, w_rm=0.0, w_v=c.verifier_weight)
+    mask_BR = np.asarray(samples.mask_BR, bool)
+    for b in range(len(step_reward_BR)):
+      ends = np.flatnonzero(end_BR[b]) if end_BR[b].any() else np.flatnonzero(mask_BR[b])[-1:]
+      if ends.size:
+        end_BR[b, ends[-1]] = True
+        step_reward_BR[b, ends[-1]] += rest_B[b]
+    stats.update({"reward/steps_mean": float(end_BR[got].sum(axis=1).mean()),
+                  "reward/step_p_mean": float(p_BR[end_BR & got[:, None]].mean()) if (end_BR & got[:, None]).any()
+                  else 0.0})
+    return dataclasses.replace(scores, reward_B=reward_B, step_reward_BR=step_reward_BR, step_end_BR=end_BR), stats
 
   # ---- resume ------------------------------------------------------------------------
   def checkpoint_trees(self) -> dict:
@@ -138,7 +202,11 @@ class RewardModelExtension(Extension):
     self.moments = rl_reward.Moments(**{k: float(jax.device_get(v)) for k, v in tree.items()})
 
   def summary(self) -> dict:
-    return {"reward_model": self.cfg.reward_model, "reward_norm": self.cfg.reward_norm}
+    out = {"reward_model": self.cfg.reward_model, "reward_norm": self.cfg.reward_norm,
+           "reward_model_objective": self.kind["objective"]}
+    if self.process:
+      out["process_reduce"] = self.cfg.process_reduce
+    return out
 
 
 def enabled(data_cfg) -> bool:

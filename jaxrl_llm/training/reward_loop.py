@@ -1,14 +1,15 @@
-"""Reward-model training from preference pairs (`python -m jaxrl_llm.reward_model`).
+"""Reward-model training (`python -m jaxrl_llm.reward_model`): from preference pairs, or from
+stepwise labels for a process reward model (`objective = "process"`).
 
-The run: read and encode the pairs (every bad row fails here, before the
+The run: read and encode the rows (every bad row fails here, before the
 workdir exists), build the trunk on the mesh (fresh, `model.hf_path`, or
 `init_checkpoint`) and the score head (reward_model/scorer.py), then
-`train.steps` AdamW steps on the Bradley-Terry loss (reward_model/loss.py),
-scoring the held-out pairs at the start, every `eval.every` steps and at the
-end. The workdir holds config.json, metrics.jsonl (+ TensorBoard),
+`train.steps` AdamW steps on the Bradley-Terry loss (reward_model/loss.py)
+or the per-step cross-entropy (reward_model/process.py), scoring the
+held-out rows at the start, every `eval.every` steps and at the end. The workdir holds config.json, metrics.jsonl (+ TensorBoard),
 checkpoints/ (the trunk as `params`, so `init_checkpoint` of a later run reads
 it, and the head as `reward_head`), summary.json and, with `export`, hf/ (a
-Hugging Face sequence-classification folder, reward_model/export.py).
+Hugging Face sequence- or token-classification folder, reward_model/export.py).
 
 Exact resume: the state is (step, params, head, optimizer state), and the
 pairs of step s are a function of (seed, s) alone (`batch_rows`), so a run
@@ -34,10 +35,11 @@ from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.heads import init_reward_head
 from jaxrl_llm.model.tokenizer import CharTokenizer, check_hf_dir, make_tokenizer
 from jaxrl_llm.reward_model import data as data_lib
+from jaxrl_llm.reward_model import process as process_lib
 from jaxrl_llm.reward_model.config import RewardModelConfig
 from jaxrl_llm.reward_model.export import check_exportable, save_reward_hf
 from jaxrl_llm.reward_model.loss import bradley_terry_loss, pair_stats
-from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, reward_scores
+from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, reward_scores, token_scores
 from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
 from jaxrl_llm.training import provenance
 from jaxrl_llm.training.optim import adamw, guarded_update, warmup_schedule
@@ -60,23 +62,29 @@ class RewardState:
 
 
 @dataclasses.dataclass(frozen=True)
-class PreferenceData:
-  """The run's pairs, encoded once before any model exists."""
+class RewardData:
+  """The run's rows, encoded once before any model exists: preference pairs (data_lib.PairArrays)
+  or, for a process reward model, stepwise solutions (process.StepArrays)."""
 
   tokenizer: object
-  train_pairs: list  # data.PreferencePair
-  eval_pairs: list
-  train: data_lib.PairArrays
-  eval: data_lib.PairArrays
+  train_rows: list  # data.PreferencePair or process.StepRow
+  eval_rows: list
+  train: data_lib.PairArrays | process_lib.StepArrays
+  eval: data_lib.PairArrays | process_lib.StepArrays
   max_len: int  # T of every sequence
+  unit: str  # what a row is: "pairs" or "solutions" (console, summary keys)
 
 
-def preference_data(cfg: RewardModelConfig) -> PreferenceData:
+def _tokenizer(cfg: RewardModelConfig):
+  if cfg.model.hf_path:
+    check_hf_dir(cfg.model.hf_path, chat_template=cfg.data.chat_template)
+  return make_tokenizer(cfg.model.hf_path)
+
+
+def preference_data(cfg: RewardModelConfig) -> RewardData:
   """Reads, checks and encodes the train and held-out pairs (ConfigErrors name the file, line and field)."""
   d = cfg.data
-  if cfg.model.hf_path:
-    check_hf_dir(cfg.model.hf_path, chat_template=d.chat_template)
-  tokenizer = make_tokenizer(cfg.model.hf_path)
+  tokenizer = _tokenizer(cfg)
   if cfg.builtin:
     kw = dict(digits=d.digits, digits2=d.digits2, ops=d.ops, seed=cfg.seed, eval_fraction=d.eval_fraction,
               label_noise=d.label_noise)
@@ -91,8 +99,38 @@ def preference_data(cfg: RewardModelConfig) -> PreferenceData:
   max_len = d.max_len or data_lib.longest(train_ids + eval_ids)
   enc = functools.partial(data_lib.encode_pairs, max_len=max_len, pad_id=tokenizer.pad_id,
                           default_margin=cfg.train.margin)
-  return PreferenceData(tokenizer=tokenizer, train_pairs=train_pairs, eval_pairs=eval_pairs,
-                        train=enc(train_pairs, train_ids), eval=enc(eval_pairs, eval_ids), max_len=max_len)
+  return RewardData(tokenizer=tokenizer, train_rows=train_pairs, eval_rows=eval_pairs,
+                    train=enc(train_pairs, train_ids), eval=enc(eval_pairs, eval_ids), max_len=max_len, unit="pairs")
+
+
+def stepwise_data(cfg: RewardModelConfig) -> RewardData:
+  """Reads, checks and encodes the train and held-out stepwise rows of a process reward model."""
+  d = cfg.data
+  tokenizer = _tokenizer(cfg)
+  if cfg.builtin:
+    kw = dict(n_terms=d.n_terms, digits=d.digits, seed=cfg.seed, eval_fraction=d.eval_fraction,
+              label_noise=d.label_noise)
+    train_rows = process_lib.chain_rows("train", d.n_train, **kw)
+    eval_rows = process_lib.chain_rows("eval", d.n_eval, **kw)
+  else:
+    kw = dict(seed=cfg.seed, eval_fraction=d.eval_fraction)
+    train_rows = process_lib.file_rows(d.path, d.eval_path, "train", **kw)
+    eval_rows = process_lib.file_rows(d.path, d.eval_path, "eval", **kw)
+  enc = functools.partial(process_lib.encode_rows, tokenizer=tokenizer, separator=d.step_separator,
+                          chat_template=d.chat_template)
+  max_len = d.max_len or enc(train_rows + eval_rows, max_len=0).tokens_NT.shape[1]
+  return RewardData(tokenizer=tokenizer, train_rows=train_rows, eval_rows=eval_rows,
+                    train=enc(train_rows, max_len=max_len, last_step_only=cfg.train.last_step_only),
+                    eval=enc(eval_rows, max_len=max_len), max_len=max_len, unit="solutions")
+
+
+def reward_data(cfg: RewardModelConfig) -> RewardData:
+  return stepwise_data(cfg) if cfg.process else preference_data(cfg)
+
+
+def batch_arrays(arrays) -> tuple[np.ndarray, ...]:
+  """The arrays of a PairArrays / StepArrays in field order: what the jitted steps take."""
+  return tuple(getattr(arrays, f.name) for f in dataclasses.fields(arrays))
 
 
 def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
@@ -123,14 +161,14 @@ class RewardModelRun:
     if cfg.init_checkpoint and not os.path.isdir(cfg.init_checkpoint):
       raise ConfigError(f"config.init_checkpoint={cfg.init_checkpoint!r} is not a directory: expected a run's "
                         "workdir or a Hugging Face directory")
-    self.data = preference_data(cfg)
+    self.data = reward_data(cfg)
     if cfg.export:
-      for arrays in (self.data.train, self.data.eval):
-        check_exportable(self.data.tokenizer.pad_id, arrays.tokens_N2T, arrays.mask_N2T)
+      check_exportable(cfg, self.data)
     tr = cfg.train
     self.schedule = warmup_schedule(tr.lr, tr.warmup_steps, tr.steps, decay_to=tr.lr_decay_to)
     self.tx = adamw(self.schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay, clip_norm=tr.clip_norm)
-    self.rows3 = sharding_lib.batch_sharding(self.mesh, ndim=3)
+    self.batch_shardings = tuple(sharding_lib.batch_sharding(self.mesh, ndim=a.ndim)
+                                 for a in batch_arrays(self.data.train))
     self.rows1 = sharding_lib.batch_sharding(self.mesh, ndim=1)
     self.model_cfg = None
 
@@ -145,48 +183,55 @@ class RewardModelRun:
     return RewardState(step=step, params=params, reward_head=head, opt_state=opt_state)
 
   def _compile(self, state: RewardState) -> None:
-    model_cfg, coef, tx = self.model_cfg, self.cfg.train.center_coef, self.tx
+    model_cfg, coef, tx, process = self.model_cfg, self.cfg.train.center_coef, self.tx, self.cfg.process
     tree_sh = jax.tree.map(lambda a: a.sharding, state.trees())
     opt_sh = jax.tree.map(lambda a: a.sharding, state.opt_state)
     step_sh = state.step.sharding
-    rows3, rows1 = self.rows3, self.rows1
+    batch_sh, rows1 = self.batch_shardings, self.rows1
 
-    def scores_B2(trees, tokens_B2T, mask_B2T):
-      B, _, T = tokens_B2T.shape
-      r = reward_scores(trees["params"], trees[HEAD_KEY], model_cfg, tokens_B2T.reshape(2 * B, T),
-                        mask_B2T.reshape(2 * B, T))
-      return r.reshape(B, 2)
+    def objective(trees, batch, weight_B):
+      """(L, (L as a WeightedSum, the batch's stats)) of the configured objective."""
+      params, head = trees["params"], trees[HEAD_KEY]
+      if process:  # process.py: a score at every token, the loss and stats at the step ends
+        tokens_BT, mask_BT, label_BT, step_BT = batch
+        s_BT = token_scores(params, head, model_cfg, tokens_BT, mask_BT)
+        loss = process_lib.process_bce_loss(s_BT, label_BT, step_BT, weight_B)
+        stats = process_lib.step_stats(jax.lax.stop_gradient(s_BT), label_BT, step_BT, weight_B)
+      else:  # loss.py: a score per sequence, chosen (slot 0) against rejected (slot 1)
+        tokens_B2T, mask_B2T, margin_B = batch
+        B, _, T = tokens_B2T.shape
+        r_B2 = reward_scores(params, head, model_cfg, tokens_B2T.reshape(2 * B, T),
+                             mask_B2T.reshape(2 * B, T)).reshape(B, 2)
+        loss = bradley_terry_loss(r_B2[:, 0], r_B2[:, 1], margin_B, weight_B, center_coef=coef)
+        r_B2 = jax.lax.stop_gradient(r_B2)
+        stats = pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B)
+      return loss.value(), (loss, stats)
 
-    def objective(trees, tokens_B2T, mask_B2T, margin_B, weight_B):
-      r_B2 = scores_B2(trees, tokens_B2T, mask_B2T)
-      loss = bradley_terry_loss(r_B2[:, 0], r_B2[:, 1], margin_B, weight_B, center_coef=coef)
-      return loss.value(), (loss, r_B2)
-
-    @functools.partial(jax.jit, in_shardings=(tree_sh, opt_sh, step_sh, rows3, rows3, rows1, rows1),
+    @functools.partial(jax.jit, in_shardings=(tree_sh, opt_sh, step_sh, batch_sh, rows1),
                        out_shardings=(tree_sh, opt_sh, step_sh, None), donate_argnums=(0, 1))
-    def train_step(trees, opt_state, step, tokens_B2T, mask_B2T, margin_B, weight_B):
+    def train_step(trees, opt_state, step, batch, weight_B):
       # trees and opt_state are donated: the old copies are dead after the update.
-      (value, (loss, r_B2)), grads = jax.value_and_grad(objective, has_aux=True)(
-          trees, tokens_B2T, mask_B2T, margin_B, weight_B)
+      (value, (loss, stats)), grads = jax.value_and_grad(objective, has_aux=True)(trees, batch, weight_B)
       trees, opt_state, grad_norm, skipped = guarded_update(tx, grads, opt_state, trees, value)
-      out = {"loss": loss, "stats": pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B), "grad_norm": grad_norm,
-             "skipped": skipped}
+      out = {"loss": loss, "stats": stats, "grad_norm": grad_norm, "skipped": skipped}
       return trees, opt_state, step + 1, out
 
-    @functools.partial(jax.jit, in_shardings=(tree_sh, rows3, rows3, rows1, rows1))
-    def eval_step(trees, tokens_B2T, mask_B2T, margin_B, weight_B):
-      _, (loss, r_B2) = objective(trees, tokens_B2T, mask_B2T, margin_B, weight_B)
-      return loss, pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B)
+    @functools.partial(jax.jit, in_shardings=(tree_sh, batch_sh, rows1))
+    def eval_step(trees, batch, weight_B):
+      _, (loss, stats) = objective(trees, batch, weight_B)
+      return loss, stats
 
     self.train_step, self.eval_step = train_step, eval_step
 
-  def _device_batch(self, arrays: data_lib.PairArrays, weight_B: np.ndarray):
-    return (jax.device_put(arrays.tokens_N2T, self.rows3), jax.device_put(arrays.mask_N2T, self.rows3),
-            jax.device_put(arrays.margin_N, self.rows1), jax.device_put(weight_B.astype(np.float32), self.rows1))
+  def _device_batch(self, arrays, weight_B: np.ndarray):
+    """(the arrays of `arrays` on the mesh, weight_B on the mesh)."""
+    batch = tuple(jax.device_put(a, sh) for a, sh in zip(batch_arrays(arrays), self.batch_shardings))
+    return batch, jax.device_put(weight_B.astype(np.float32), self.rows1)
 
   # ---- stages -------------------------------------------------------------------
   def evaluate(self, state: RewardState) -> dict:
-    """Loss, accuracy, margin, mean score and ECE on the held-out pairs (padding rows weigh 0)."""
+    """Loss and the stats' summary (loss.PairStats / process.StepStats) on the held-out rows (padding
+    rows weigh 0)."""
     arrays, B = self.data.eval, self.cfg.train.batch_size
     loss_num = loss_den = 0.0
     stats = None
@@ -233,7 +278,7 @@ class RewardModelRun:
     else:
       ev_start = self.evaluate(state)
       ckpt.extra.update(ev_start=plain(ev_start))
-    self.log(f"{cfg.name}: {len(self.data.train)} training pairs, {len(self.data.eval)} held-out, "
+    self.log(f"{cfg.name}: {len(self.data.train)} training {self.data.unit}, {len(self.data.eval)} held-out, "
              f"{self.data.max_len} tokens per sequence; held-out accuracy {ev_start['accuracy']:.3f} at step "
              f"{int(state.step)}" + (" (saved)" if resuming else ""))
     writer = MetricsWriter(self.workdir, start_step=int(state.step))
@@ -269,11 +314,14 @@ class RewardModelRun:
     export_dir = self.export(state) if cfg.export else ""
     history = ckpt.extra.get("history", [])
     summary = {
-        "name": cfg.name, "workdir": self.workdir, "steps": int(state.step), "train_pairs": len(self.data.train),
-        "eval_pairs": len(self.data.eval), "max_len": self.data.max_len,
+        "name": cfg.name, "objective": cfg.objective, "workdir": self.workdir, "steps": int(state.step),
+        f"train_{self.data.unit}": len(self.data.train), f"eval_{self.data.unit}": len(self.data.eval),
+        "max_len": self.data.max_len,
         "label_noise": cfg.data.label_noise if cfg.builtin else None,
         "eval_accuracy_start": ev_start["accuracy"], "eval_accuracy_end": ev_end["accuracy"],
-        "eval_margin_end": ev_end["margin"], "eval_ece_end": ev_end["ece"], "eval_loss_end": ev_end["loss"],
+        "eval_ece_end": ev_end["ece"], "eval_loss_end": ev_end["loss"],
+        **({"eval_first_error_accuracy_end": ev_end["first_error_accuracy"]} if cfg.process else
+           {"eval_margin_end": ev_end["margin"]}),
         "train_loss_first": history[0]["train/loss"] if history else None,
         "train_loss_last": history[-1]["train/loss"] if history else None,
         "skipped_updates": float(sum(m["update/skipped_nonfinite"] for m in history)),
@@ -294,6 +342,7 @@ class RewardModelRun:
 
       base = read_hf_config(hf_path)
     save_reward_hf(state.params, state.reward_head, self.model_cfg, out, pad_id=tok.pad_id, base_config=base,
-                   tokenizer_dir=hf_path or None)
-    self.log(f"exported the reward model to {out} (transformers' AutoModelForSequenceClassification)")
+                   tokenizer_dir=hf_path or None, process=self.cfg.process)
+    kind = "AutoModelForTokenClassification" if self.cfg.process else "AutoModelForSequenceClassification"
+    self.log(f"exported the reward model to {out} (transformers' {kind})")
     return out

@@ -77,6 +77,10 @@ class Scores:
   correct_B: np.ndarray  # f32 [B] the verifier's score alone (accuracy)
   failed_B: np.ndarray  # bool [B] the reward function raised
   timed_out_B: np.ndarray  # bool [B] the reward function hung past its timeout
+  # Per-step rewards placed where each step ends (f32 / bool [B, R]), when a scorer gives them (a process
+  # reward model, training/model_reward.py); None: `step_rewards` places them from the reward parts.
+  step_reward_BR: np.ndarray | None = None
+  step_end_BR: np.ndarray | None = None
 
 
 def episode_rewards(reward_parts, format_weight: float) -> tuple[np.ndarray, np.ndarray]:
@@ -138,9 +142,11 @@ def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, ma
 
 
 def concat_scores(parts: list[Scores]) -> Scores:
-  return Scores(*(np.concatenate([getattr(p, f.name) for p in parts])
-                  for f in dataclasses.fields(Scores)))
+  def cat(name):
+    arrays = [getattr(p, name) for p in parts]
+    return None if any(a is None for a in arrays) else np.concatenate(arrays)
+  return Scores(*(cat(f.name) for f in dataclasses.fields(Scores)))
 
 
 def select_scores(s: Scores, rows: np.ndarray) -> Scores:
-  return Scores(*(getattr(s, f.name)[rows] for f in dataclasses.fields(Scores)))
+  return Scores(*(None if getattr(s, f.name) is None else getattr(s, f.name)[rows] for f in dataclasses.fields(Scores)))

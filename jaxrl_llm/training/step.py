@@ -238,8 +238,10 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
                                     mismatch=cfg.rollout.mismatch)
   t1 = time.time()
   steps = {}
-  if obj.advantage == "grpo_process":  # rewards where each step (an episode's turn) ends
-    steps = dict(zip(("step_reward_BR", "step_end_BR"), step_rewards(samples, scores.reward_B, cfg.data.format_weight)))
+  if obj.advantage == "grpo_process":  # rewards where each step ends: a process reward model's, or an episode's turns
+    placed = ((scores.step_reward_BR, scores.step_end_BR) if scores.step_reward_BR is not None
+              else step_rewards(samples, scores.reward_B, cfg.data.format_weight))
+    steps = dict(zip(("step_reward_BR", "step_end_BR"), placed))
   adv_BR, returns_BR = obj_lib.batch_advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
                                                 prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values,
                                                 **steps)

@@ -145,7 +145,7 @@ def _config(**settings):
 def test_config_errors_name_the_field():
   with pytest.raises(ConfigError, match=r"config.data.label_noise=1.5 is out of range"):
     _config(**{"data.label_noise": 1.5})
-  with pytest.raises(ConfigError, match=r"config.data.label_noise=0.1 is invalid: swaps pairs of the built-in"):
+  with pytest.raises(ConfigError, match=r"config.data.label_noise=0.1 is invalid: swaps pairs of the built-in set"):
     _config(**{"data.label_noise": 0.1, "data.path": "x.jsonl"})
   with pytest.raises(ConfigError, match=r"config.train.center_coef=-1.0 is out of range"):
     _config(**{"train.center_coef": -1.0})

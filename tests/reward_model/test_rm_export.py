@@ -12,7 +12,7 @@ import pytest
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.params import init_params
-from jaxrl_llm.reward_model.export import check_exportable, save_reward_hf
+from jaxrl_llm.reward_model.export import check_last_token, save_reward_hf
 from jaxrl_llm.reward_model.scorer import last_index, reward_scores
 
 TOL = 1e-4  # max abs difference: the logits parity tolerance of tests/model/test_hf_parity.py
@@ -86,7 +86,7 @@ def test_exported_scores_match_transformers(tmp_path, family):
 def test_sequences_that_end_with_the_pad_id_are_refused():
   tokens, mask = right_padded()
   tokens_N2T, mask_N2T = tokens.reshape(2, 2, 14), mask.reshape(2, 2, 14)
-  check_exportable(PAD, tokens_N2T, mask_N2T)  # no sequence ends with the pad id
+  check_last_token(PAD, tokens_N2T, mask_N2T)  # no sequence ends with the pad id
   eos = int(tokens[2, 7])  # the last real token of row 2 (8 tokens): a tokenizer that pads with it
   with pytest.raises(ConfigError, match=rf"config.export=True: sequences end with token id {eos}, the tokenizer's"):
-    check_exportable(eos, tokens_N2T, mask_N2T)
+    check_last_token(eos, tokens_N2T, mask_N2T)

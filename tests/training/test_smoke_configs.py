@@ -17,10 +17,12 @@ def _parity_reward(prompt, response, answer):
   return float(len(response) % 2)
 
 
-# reward_model.py configures `python -m jaxrl_llm.reward_model` (tests/reward_model/), not an RL method;
-# rlhf_arithmetic.py needs that run's workdir first (tests/reward_model/test_rm_reward.py runs it).
+# reward_model.py and process_reward_model.py configure `python -m jaxrl_llm.reward_model`
+# (tests/reward_model/), not an RL method; rlhf_arithmetic.py and rlhf_process.py need such a run's
+# workdir first (tests/reward_model/test_rm_reward.py and test_process_rm.py run them).
 NAMES = sorted(f[:-3] for f in os.listdir(CONFIGS)
-               if f.endswith(".py") and f not in ("base.py", "reward_model.py", "rlhf_arithmetic.py"))
+               if f.endswith(".py") and f not in ("base.py", "reward_model.py", "rlhf_arithmetic.py",
+                                                  "process_reward_model.py", "rlhf_process.py"))
 
 
 @pytest.mark.slow

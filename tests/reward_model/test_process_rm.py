@@ -1,0 +1,229 @@
+"""Process reward models: TRL's stepwise layout, the per-step cross-entropy and its gradient written
+out, the metrics by hand, a separable set learned, the transformers token-classifier export, the
+rows' one-line errors, and an RL step whose process advantages are those of the PRM's step scores,
+recomputed here independently."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from run_helpers import load_config, shrink
+
+from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.model.tokenizer import CharTokenizer
+from jaxrl_llm.reward_model import process
+from jaxrl_llm.reward_model.config import reward_config_from_dict
+from jaxrl_llm.reward_model.defaults import reward_model_config
+from jaxrl_llm.reward_model.scorer import load_reward_model, token_scores
+from jaxrl_llm.training.config import from_config_dict
+from jaxrl_llm.training.loop import Trainer
+from jaxrl_llm.training.reward_loop import RewardModelRun
+from jaxrl_llm.training.step import build_batch, rollout_and_score
+from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
+
+TOK = CharTokenizer()
+
+
+def prm_config(**overrides):
+  return reward_config_from_dict(apply_settings(reward_model_config(), {
+      **TINY_MODEL, "objective": "process", "train.batch_size": 16, "train.warmup_steps": 1, "data.digits": 1,
+      "data.n_terms": 3, "data.n_train": 64, "data.n_eval": 16, "eval.every": 0, "log.every": 100,
+      "checkpoint.every_steps": 100, "export": False, **overrides}))
+
+
+# ---- layout, loss, metrics -------------------------------------------------------------------------
+
+def test_rows_are_laid_out_as_trl_does():
+  row = process.StepRow(prompt="1+2+3=", completions=("3", "16"), labels=(True, False))
+  ids, ends = process.step_ids(TOK, row, "\n", chat_template=False)
+  # [BOS] prompt, then each step followed by the separator; a label on each separator.
+  want = [TOK.bos_id] + TOK.encode("1+2+3=") + TOK.encode("3\n") + TOK.encode("16\n")
+  assert ids == want and ends == [8, 11]
+  a = process.encode_rows([row], TOK, separator="\n", chat_template=False, max_len=0)
+  assert a.tokens_NT.shape == (1, 16) and a.mask_NT.sum() == 12
+  assert np.flatnonzero(a.step_NT[0]).tolist() == [8, 11] and a.label_NT[0, [8, 11]].tolist() == [1.0, 0.0]
+  last = process.encode_rows([row], TOK, separator="\n", chat_template=False, max_len=16, last_step_only=True)
+  assert np.flatnonzero(last.step_NT[0]).tolist() == [11]  # TRL's train_on_last_step_only
+  two = process.step_ids(TOK, row, "\n\n", chat_template=False)[1]
+  assert two == [9, 13]  # the LAST token of a multi-token separator
+
+
+def test_bce_loss_and_gradient_are_the_formula():
+  rng = np.random.default_rng(0)
+  s = rng.normal(size=(3, 6)).astype(np.float32)
+  y = (rng.random((3, 6)) < 0.5).astype(np.float32)
+  e = rng.random((3, 6)) < 0.5
+  w = np.array([1.0, 1.0, 0.0], np.float32)  # the third row is padding
+
+  def loss(s_):
+    return process.process_bce_loss(s_, y, e, w).value()
+
+  p = 1 / (1 + np.exp(-s.astype(np.float64)))
+  ew = e * w[:, None]
+  want = -(ew * (y * np.log(p) + (1 - y) * np.log(1 - p))).sum() / ew.sum()
+  np.testing.assert_allclose(loss(jnp.asarray(s)), want, rtol=1e-5)
+  # dL/ds_t = e_t (sigmoid(s_t) - y_t) / sum e
+  np.testing.assert_allclose(jax.grad(loss)(jnp.asarray(s)), ew * (p - y) / ew.sum(), rtol=1e-5, atol=1e-7)
+
+
+def test_step_stats_by_hand():
+  e = np.zeros((3, 5), bool)
+  e[:, [1, 3]] = True  # two steps per solution
+  y = np.zeros((3, 5), np.float32)
+  y[0, [1, 3]] = [1, 0]  # first error at step 2
+  y[1, [1, 3]] = [1, 1]  # no error
+  y[2, [1, 3]] = [0, 0]  # first error at step 1
+  s = np.zeros((3, 5), np.float32)
+  s[0, [1, 3]] = [2.0, -1.0]  # right, right: first error found
+  s[1, [1, 3]] = [1.0, -0.5]  # right, wrong: an error where there is none
+  s[2, [1, 3]] = [-3.0, 0.5]  # right, wrong; but the first error (step 1) is found
+  st = process.step_stats(s, y, e, np.ones(3, np.float32)).summary()
+  assert st["accuracy"] == pytest.approx(4 / 6)
+  assert st["first_error_accuracy"] == pytest.approx(2 / 3)
+  sig = 1 / (1 + np.exp(-np.array([2.0, -1.0, 1.0, -0.5, -3.0, 0.5])))
+  assert st["p_good"] == pytest.approx(sig.mean(), rel=1e-6)
+  assert st["good_share"] == pytest.approx(3 / 6)
+
+
+def test_step_ends_of_a_sampled_response():
+  def ends(text, sep="\n"):
+    ids = np.array(TOK.encode(text) + [TOK.eos_id, TOK.pad_id])
+    return np.flatnonzero(process.response_step_ends(ids, ids != TOK.pad_id, TOK, sep)).tolist()
+
+  assert ends("31\n46\n") == [2, 5]
+  assert ends("31\n46") == [2, 4]  # a final step without its separator ends at the last token
+  assert ends("31\n  ") == [2]  # whitespace after the last separator is no step
+  assert ends("") == []
+  assert ends("a;;b;;", ";;") == [2, 5]
+  assert process.solution_score(np.array([0.9, 0.2, 0.5]), "min") == pytest.approx(0.2)
+  assert process.solution_score(np.array([0.9, 0.2, 0.5]), "prod") == pytest.approx(0.09)
+  assert process.solution_score(np.zeros(0), "min") == 0.0
+
+
+# ---- rows and their errors ---------------------------------------------------------------------------
+
+def _jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+@pytest.mark.parametrize("row,field", [
+    ({"prompt": "p", "labels": [True]}, "'completions' is missing"),
+    ({"prompt": "p", "completions": ["a", "b"], "labels": [True]}, "'labels' has 1 entries for 2 completions"),
+    ({"prompt": "p", "completions": ["a"], "labels": ["yes"]}, "field 'labels'=\\['yes'\\] is invalid"),
+    ({"prompt": "p", "completions": [], "labels": []}, "field 'completions'=\\[\\] is invalid"),
+])
+def test_a_bad_row_is_one_line_naming_file_line_and_field(tmp_path, row, field):
+  good = {"prompt": "1+1=", "completions": ["2"], "labels": [True]}
+  path = _jsonl(tmp_path / "steps.jsonl", [good, good, row])
+  workdir = tmp_path / "run"
+  with pytest.raises(ConfigError, match=f"steps.jsonl:3: field {field}" if "is missing" in field or "has" in field
+                     else f"steps.jsonl:3: {field}") as e:
+    RewardModelRun(prm_config(**{"data.path": path}), str(workdir), log=lambda s: None)
+  assert "\n" not in str(e.value) and not workdir.exists()
+
+
+def test_process_only_keys_are_refused_with_bradley_terry():
+  with pytest.raises(ConfigError, match=r"config\.train\.last_step_only=True.*objective='process'"):
+    reward_config_from_dict(apply_settings(reward_model_config(), {"train.last_step_only": True}))
+  with pytest.raises(ConfigError, match=r"config\.train\.margin=0\.5.*objective='process'"):
+    prm_config(**{"train.margin": 0.5})
+
+
+# ---- training and export ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_separable_set_is_learned_and_exports_to_transformers(tmp_path):
+  import torch
+  import transformers
+
+  # A step is good exactly when it is "7": what the label depends on is in the step itself.
+  rng = np.random.default_rng(0)
+  rows = []
+  for i in range(96):
+    steps = [str(int(d)) for d in rng.integers(0, 10, size=3)]
+    rows.append({"prompt": f"{i}:", "completions": steps, "labels": [s == "7" for s in steps]})
+  for r in rows[::4]:
+    r["completions"][1], r["labels"][1] = "7", True  # enough good steps
+  path = _jsonl(tmp_path / "steps.jsonl", rows)
+  run = RewardModelRun(prm_config(**{"data.path": path, "data.eval_fraction": 0.25, "train.steps": 60,
+                                     "train.lr": 1e-2, "export": True}), str(tmp_path / "prm"), log=lambda s: None)
+  summary = run.run()
+  assert summary["eval_accuracy_start"] < 0.95
+  assert summary["eval_accuracy_end"] == 1.0 and summary["eval_first_error_accuracy_end"] == 1.0
+  # The export: transformers' token classifier, P(good) = softmax(logits)[..., 1] = sigmoid(s_t) at every token.
+  model = transformers.AutoModelForTokenClassification.from_pretrained(summary["export_dir"],
+                                                                       dtype=torch.float32).eval()
+  assert type(model).__name__ == "LlamaForTokenClassification" and model.config.num_labels == 2
+  batch = run.data.eval
+  with torch.no_grad():
+    logits = model(input_ids=torch.from_numpy(batch.tokens_NT).long(),
+                   attention_mask=torch.from_numpy(batch.mask_NT).long()).logits.numpy()
+  ref = torch.softmax(torch.from_numpy(logits), -1).numpy()[..., 1]
+  st = run.final_state
+  s = np.asarray(token_scores(st.params, st.reward_head, run.model_cfg, batch.tokens_NT, batch.mask_NT))
+  m = batch.mask_NT
+  np.testing.assert_allclose(1 / (1 + np.exp(-s[m])), ref[m], atol=1e-5)
+
+
+# ---- the PRM in the RL step -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prm_dir(tmp_path_factory):
+  """A process reward model trained for a few steps on the built-in chained sums (its scores vary)."""
+  workdir = str(tmp_path_factory.mktemp("prm"))
+  RewardModelRun(prm_config(**{"train.steps": 4, "checkpoint.every_steps": 4}), workdir, log=lambda s: None).run()
+  return workdir
+
+
+@pytest.mark.slow
+def test_process_advantages_are_those_of_the_prms_step_scores(prm_dir, tmp_path):
+  cfg = from_config_dict(shrink(load_config("rlhf_process"), **{
+      "data.reward_model": prm_dir, "task.digits": 1, "rollout.max_response_len": 8, "sft.steps": 40,
+      "sft.lr": 1e-2, "data.verifier_weight": 0.5}))
+  tr = Trainer(cfg, str(tmp_path), log=lambda s: None)
+  state, _, _ = tr._begin(None)  # pylint: disable=protected-access
+  with jax.sharding.use_abstract_mesh(tr.mesh.abstract_mesh):
+    sb = rollout_and_score(tr.context, state, jax.random.key(3))
+    batch, _ = build_batch(tr.context, state, sb)
+  smp = sb.samples
+  params, head, rm_cfg = load_reward_model(prm_dir, tr.mesh)
+  params, head = jax.device_get((params, head))
+  B, R = smp.tokens_BR.shape
+  want_r = np.zeros((B, R))
+  want_end = np.zeros((B, R), bool)
+  n_steps = 0
+  for b in range(B):
+    # One right-padded row per sample: its real prompt tokens, then its response (an independent layout).
+    prompt = list(np.asarray(smp.prompt_BP[b])[np.asarray(smp.prompt_mask_BP[b])])
+    resp = list(np.asarray(smp.tokens_BR[b])[np.asarray(smp.context_BR[b])])
+    s = np.asarray(token_scores(params, head, rm_cfg, np.array([prompt + resp]), np.ones((1, len(prompt + resp)),
+                                                                                           bool)))[0, len(prompt):]
+    text = TOK.decode(resp)  # one character per token: char i is response token i
+    ends = [i for i, ch in enumerate(text) if ch == "\n"]
+    if text[text.rfind("\n") + 1:].strip():
+      ends.append(len(text) - 1)
+    for i in ends:
+      want_r[b, i] = 1 / (1 + np.exp(-s[i]))  # w_rm = 1
+      want_end[b, i] = True
+    n_steps += len(ends)
+    last = ends[-1] if ends else int(np.flatnonzero(np.asarray(smp.mask_BR[b]))[-1])
+    want_end[b, last] = True
+    want_r[b, last] += 0.5 * sb.scores.correct_B[b]  # w_v * the verifier's reward, on the last step
+  assert n_steps > B // 2  # the warm-started policy writes lines: a real test
+  np.testing.assert_array_equal(sb.scores.step_end_BR, want_end)
+  np.testing.assert_allclose(sb.scores.step_reward_BR, want_r, rtol=1e-4, atol=1e-5)
+  # DeepSeekMath's process advantages written out: normalise over the group's steps (ddof 1), then sum the
+  # normalised rewards of the steps ending at or after each token.
+  G = cfg.rollout.group_size
+  adv = np.zeros((B, R))
+  for g in range(B // G):
+    rows = slice(g * G, (g + 1) * G)
+    r = want_r[rows][want_end[rows]]
+    norm = np.where(want_end[rows], (want_r[rows] - r.mean()) / (r.std(ddof=1) + 1e-6), 0.0)
+    adv[rows] = np.flip(np.cumsum(np.flip(norm, 1), 1), 1)
+  mask = np.asarray(batch.mask_BR)
+  np.testing.assert_allclose(np.where(mask, batch.adv_BR, 0.0), np.where(mask, adv, 0.0), rtol=1e-3, atol=1e-3)
+  assert sb.stats["reward/steps_mean"] > 0.5
