@@ -1,12 +1,15 @@
-"""Reward models from pairwise preferences (RLHF): the policy's decoder plus a linear score head,
-trained with the Bradley-Terry loss.
+"""Reward models (RLHF): the policy's decoder plus a linear score head, trained with the
+Bradley-Terry loss from pairwise preferences, or per step from stepwise labels (a process
+reward model).
 
   data.py     preference rows {prompt, chosen, rejected[, margin]} (JSONL / parquet, text or chat
               messages), the held-out split, the built-in arithmetic pairs with a known gold reward,
               token arrays
   loss.py     the Bradley-Terry loss (margin, centring) and the pairwise metrics (accuracy, margin, ECE)
+  process.py  process reward models (objective="process"): TRL's stepwise rows, the built-in chained
+              sums, the per-step cross-entropy and metrics, the step ends of a sampled response
   scorer.py   the score head, r(x, y) at the last real token, a trained reward model read back
-  export.py   a Hugging Face <Family>ForSequenceClassification folder
+  export.py   a Hugging Face <Family>ForSequenceClassification folder (a PRM: ...ForTokenClassification)
   config.py   the run's config sections (keys and defaults: defaults.py)
 
 The training loop is training/reward_loop.py; `python -m jaxrl_llm.reward_model` runs it.

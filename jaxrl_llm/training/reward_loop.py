@@ -6,9 +6,10 @@ workdir exists), build the trunk on the mesh (fresh, `model.hf_path`, or
 `init_checkpoint`) and the score head (reward_model/scorer.py), then
 `train.steps` AdamW steps on the Bradley-Terry loss (reward_model/loss.py)
 or the per-step cross-entropy (reward_model/process.py), scoring the
-held-out rows at the start, every `eval.every` steps and at the end. The workdir holds config.json, metrics.jsonl (+ TensorBoard),
-checkpoints/ (the trunk as `params`, so `init_checkpoint` of a later run reads
-it, and the head as `reward_head`), summary.json and, with `export`, hf/ (a
+held-out rows at the start, every `eval.every` steps and at the end. The
+workdir holds config.json, metrics.jsonl (+ TensorBoard), checkpoints/ (the
+trunk as `params`, so `init_checkpoint` of a later run reads it, and the head
+as `reward_head`), summary.json and, with `export`, hf/ (a
 Hugging Face sequence- or token-classification folder, reward_model/export.py).
 
 Exact resume: the state is (step, params, head, optimizer state), and the

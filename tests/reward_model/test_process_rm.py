@@ -227,3 +227,16 @@ def test_process_advantages_are_those_of_the_prms_step_scores(prm_dir, tmp_path)
   mask = np.asarray(batch.mask_BR)
   np.testing.assert_allclose(np.where(mask, batch.adv_BR, 0.0), np.where(mask, adv, 0.0), rtol=1e-3, atol=1e-3)
   assert sb.stats["reward/steps_mean"] > 0.5
+
+
+def test_a_process_reward_model_is_refused_for_multi_turn_episodes(prm_dir):
+  from jaxrl_llm.training.model_reward import RewardModelExtension
+
+  cfg = from_config_dict(shrink(load_config("rlhf_process"), **{"data.reward_model": prm_dir,
+                                                                "env.name": "calculator"}))
+  with pytest.raises(ConfigError, match=r"is a process reward model.*env\.name='calculator' is not allowed") as e:
+    RewardModelExtension(cfg.data).preflight(cfg)
+  assert "\n" not in str(e.value)
+  ext = RewardModelExtension(cfg.data)
+  ext.preflight(from_config_dict(shrink(load_config("rlhf_process"), **{"data.reward_model": prm_dir})))
+  assert ext.process and ext.kind == {"objective": "process", "step_separator": "\n"}
