@@ -472,7 +472,7 @@ def make_openai_engine(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=Non
       raise ConfigError(f"config.rollout.engine='openai' cannot serve objective {run_cfg.method!r}: its token "
                         "KL(mu || pi_theta) recomputes mu with the trainer's own sampler, not the server")
     settings = settings or run_cfg.rollout.server
-    ctx_per_slot = (run_cfg.data.max_prompt_len or 512) + run_cfg.rollout.max_response_len + 8
+    ctx_per_slot = (run_cfg.data.max_prompt_len or 512) + run_cfg.response_len + 8  # an episode: env.max_tokens
     hf_path = run_cfg.model.hf_path
   settings = settings or ServerConfig()
   process = None

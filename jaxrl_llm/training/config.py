@@ -293,9 +293,9 @@ class RunConfig:
     check_choice("config.env.name", env.name, (NO_ENV,) + env_names())
     if not env.active:
       return
-    if ro.engine != "builtin":
+    if ro.engine not in ("builtin", "openai"):
       raise bad("config.rollout.engine", ro.engine, f"env.name={env.name!r} samples its episodes with the built-in "
-                "engine only: use 'builtin' (or env.name='none')")
+                "engine or the openai engine's server: use 'builtin' or 'openai' (or env.name='none')")
     if ro.overlap:
       raise bad("config.rollout.overlap", ro.overlap, f"env.name={env.name!r}: episodes are sampled in the step, "
                 "not in the background yet: use overlap=False")

@@ -43,6 +43,8 @@ from jaxrl_llm.envs.episode import Episode, EpisodeLimits, EpisodeResult
 from jaxrl_llm.envs.render import ChatRenderer, PlainRenderer
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
+from jaxrl_llm.sampling.openai_engine import OpenAIEngine
+from jaxrl_llm.sampling.openai_turns import sample_turns_openai
 from jaxrl_llm.sampling.turns import SampledTurns, sample_turns, stop_sequences
 from jaxrl_llm.tasks.base import Example
 
@@ -186,9 +188,9 @@ class EpisodePlayer:
 
   def play(self, params, model_cfg, examples: Sequence[Example], sampling_cfg, key, *, mesh=None,
            version: int = -1) -> RolloutBatch:
-    """One episode per example (row b plays `examples[b]`), every turn sampled with `sampling_cfg`'s
-    processing (temperature, top-k, top-p, dtype; greedy for the evaluation): round k with
-    fold_in(key, k), row b of it with fold_in(that, b). -> their RolloutBatch."""
+    """One episode per example (row b plays `examples[b]`) with the built-in sampler, every turn sampled
+    with `sampling_cfg`'s processing (temperature, top-k, top-p, dtype; greedy for the evaluation):
+    round k with fold_in(key, k), row b of it with fold_in(that, b). -> their RolloutBatch."""
     turn_cfg = dataclasses.replace(sampling_cfg, n_samples=1, max_new_tokens=self.env_cfg.max_turn_tokens,
                                    record_topk=0,
                                    stop_sequences=stop_sequences(self.tokenizer, self.stop_strings))
@@ -197,6 +199,11 @@ class EpisodePlayer:
       return sample_turns(params, model_cfg, contexts, budgets, turn_cfg, jax.random.fold_in(key, rnd), mesh=mesh,
                           tokenizer=self.tokenizer, stop_strings=self.stop_strings)
 
+    return self.play_rounds(sample_round, examples, version=version)
+
+  def play_rounds(self, sample_round: RoundSampler, examples: Sequence[Example], *, version: int = -1
+                  ) -> RolloutBatch:
+    """One episode per example, each round's turns from `sample_round` (any engine's). -> their RolloutBatch."""
     episodes = [Episode(self.make_env(), self.renderer, ex, self.limits) for ex in examples]
     played = play(episodes, sample_round, self._executor)
     return episode_batch(played, examples, prompt_len=self.prompt_len, response_len=self.env_cfg.max_tokens,
@@ -213,15 +220,17 @@ def episode_player(run_cfg, task, tokenizer) -> EpisodePlayer | None:
 
 
 class EpisodeEngine:
-  """The rollout engine of a run with an environment: episodes played with the built-in engine's weights.
+  """The rollout engine of a run with an environment: episodes played with the wrapped engine.
 
-  `sync` and the weights are the wrapped `JaxSampler`'s (its mismatch and sharding included);
+  `sync` and the weights are the wrapped engine's: the built-in `JaxSampler` (its mismatch and
+  sharding included) samples each round's turns in the trainer's process (sampling/turns.py); the
+  `openai` engine sends them to its server as token-id prompts (sampling/openai_turns.py).
   `generate` plays G episodes per prompt with `player` (whose pool the caller closes) and returns
   their `RolloutBatch`.
   """
 
-  def __init__(self, inner, player: EpisodePlayer):
-    self.inner, self.player = inner, player
+  def __init__(self, inner, player: EpisodePlayer, sampling_cfg):
+    self.inner, self.player, self.sampling_cfg = inner, player, sampling_cfg
 
   @property
   def version(self) -> int:
@@ -230,14 +239,24 @@ class EpisodeEngine:
   def sync(self, params, version: int) -> None:
     self.inner.sync(params, version)
 
+  def metrics(self) -> dict[str, float]:
+    """The wrapped engine's counters (the openai engine's requests, syncs and checks); none for the built-in."""
+    return self.inner.metrics() if hasattr(self.inner, "metrics") else {}
+
   def generate(self, prompts, key) -> RolloutBatch:
     """G episodes per prompt of a `PromptBatch`, a prompt's episodes consecutive."""
-    inner = self.inner
-    if inner.params is None:
-      raise RuntimeError("EpisodeEngine.generate before sync: the engine has no weights yet")
-    G = inner.sampling_cfg.n_samples
+    inner, G = self.inner, self.sampling_cfg.n_samples
     examples = [Example(prompt=p, answer=a, tag=t) for p, a, t in zip(prompts.prompts, prompts.answers, prompts.tags)
                 for _ in range(G)]
+    if isinstance(inner, OpenAIEngine):
+      stops = self.player.stop_strings
+
+      def sample_round(contexts, budgets, rnd):
+        return sample_turns_openai(inner, contexts, budgets, jax.random.fold_in(key, rnd), stop_strings=stops)
+
+      return self.player.play_rounds(sample_round, examples, version=inner.version)
+    if inner.params is None:
+      raise RuntimeError("EpisodeEngine.generate before sync: the engine has no weights yet")
     mesh = inner.batch_sharding.mesh if inner.batch_sharding is not None else None
     return self.player.play(inner.params, inner.model_cfg, examples, inner.sampling_cfg, key, mesh=mesh,
                             version=inner.version)

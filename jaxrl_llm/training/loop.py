@@ -214,7 +214,7 @@ class Trainer:
       self.engine = make_engine(self.cfg.rollout.engine, model_cfg=self.model_cfg, sampling_cfg=self.sampling_cfg,
                                 tokenizer=self.tokenizer, batch_sharding=self.batch_sharding, run_cfg=self.cfg)
       if self.episodes is not None:  # each sample an episode of the environment (training/episodes.py)
-        self.engine = EpisodeEngine(self.engine, self.episodes)
+        self.engine = EpisodeEngine(self.engine, self.episodes, self.sampling_cfg)
     return self.engine
 
   def make_updater(self, state: TrainState) -> Updater:

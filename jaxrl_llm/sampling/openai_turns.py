@@ -1,0 +1,103 @@
+"""One turn for each of many contexts through the `openai` engine's server: multi-turn episodes
+(training/episodes.py) sampled by llama.cpp, token in and token out.
+
+Each live context is one completions request: its prompt is the context's token ids as the episode
+holds them (the policy's sampled ids and the environment's rendered ids, never decoded and
+re-encoded), max_tokens its budget, with the engine's sampling fields and one log-prob per token
+(log mu). Requests run `server.concurrency` at a time, each retried as the engine retries any
+request (`OpenAIEngine._post`: a server that died is restarted with the last synced weights).
+
+The server is given no stop strings: llama.cpp leaves a stop string's tokens out of what it returns,
+while the environment reads the closing tag of a call and the trainer needs the ids as sampled. The
+turn is cut on the host instead, as the built-in sampler's turns are (sampling/turns.py): after its
+first end id (EOS or a stop id), or after the fewest ids whose text holds a stop string
+(`turns.first_stop`). The ids after a cut were sampled and are dropped, so the kept ids and their
+log mu are exactly a prefix of what the server sampled.
+
+A request that still fails after the engine's retries fails the rollout with ServerUnavailable: an
+episode cannot continue without its turn, and a row dropped mid-episode would train on a history
+the policy did not produce.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.sampling.http_client import ServerUnavailable
+from jaxrl_llm.sampling.openai_request import log_prob
+from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+from jaxrl_llm.sampling.turns import SampledTurns, first_stop
+
+
+def parse_turn(resp: dict, budget: int, *, ends: set, eos_ids: Sequence[int], vocab_size: int,
+               stop_strings: Sequence[str], tokenizer) -> tuple[tuple[int, ...], np.ndarray, int]:
+  """(ids, log mu, finish) of one completion, cut as the module docstring says."""
+  choice = resp["choices"][0]
+  content = (choice.get("logprobs") or {})["content"]
+  ids, logp, finish = [], [], FINISH_LENGTH
+  for entry in content:
+    tok = int(entry["id"])
+    if not 0 <= tok < vocab_size:
+      raise ValueError(f"token id {tok} outside the vocabulary [0, {vocab_size})")
+    ids.append(tok)
+    logp.append(log_prob(float(entry["prob"])))
+    if tok in ends:
+      finish = FINISH_EOS if tok in eos_ids else FINISH_STOP
+      break
+  if len(ids) > budget:
+    raise ValueError(f"{len(ids)} tokens for max_tokens={budget}")
+  if finish == FINISH_LENGTH and len(ids) < budget and choice.get("finish_reason") == "stop":
+    raise ConfigError(f"the server stopped a turn on token {ids[-1] if ids else None}, which is not in the "
+                      f"trainer's end ids {sorted(ends)}: the served model's end-of-generation tokens differ "
+                      "from the trainer's")
+  cut = first_stop(ids, stop_strings, tokenizer)
+  if cut is not None and (cut < len(ids) or finish == FINISH_LENGTH):
+    ids, logp, finish = ids[:cut], logp[:cut], FINISH_STOP
+  return tuple(ids), np.asarray(logp, np.float32), finish
+
+
+def sample_turns_openai(engine, contexts: Sequence[Sequence[int]], budgets: Sequence[int], key: jax.Array, *,
+                        stop_strings: Sequence[str] = ()) -> SampledTurns:
+  """One turn per context through `engine` (an OpenAIEngine with weights synced); budgets[b] = 0 samples
+  nothing for row b. Row b's seed is drawn from `key` (the round's key, as the built-in sampler's)."""
+  if engine.client is None:
+    raise RuntimeError("sample_turns_openai before sync: the engine's server has no weights yet")
+  B = len(contexts)
+  if len(budgets) != B or B == 0:
+    raise ValueError(f"sample_turns_openai: {B} contexts and {len(budgets)} budgets; allowed the same number, >= 1")
+  seeds = np.asarray(jax.random.randint(key, (B,), 0, 2**31 - 1), np.int64)
+  live = [b for b in range(B) if budgets[b]]
+  if engine.n_ctx is not None:
+    longest = max((len(contexts[b]) + int(budgets[b]) for b in live), default=0)
+    if longest > engine.n_ctx:
+      raise ConfigError(f"an episode's context of {longest} tokens with its turn exceeds the server's context of "
+                        f"{engine.n_ctx} tokens per slot (a server the engine starts gets config.data.max_prompt_len "
+                        "+ env.max_tokens + 8)")
+  parse = dict(ends=engine.ends, eos_ids=tuple(engine.scfg.eos_ids), vocab_size=engine.model_cfg.vocab_size,
+               stop_strings=tuple(stop_strings), tokenizer=engine.tokenizer)
+
+  def checked(resp: dict, budget: int):
+    try:
+      return parse_turn(resp, budget, **parse)
+    except ConfigError:
+      raise
+    except (KeyError, IndexError, TypeError, ValueError) as e:  # retried as any malformed answer is
+      raise ServerUnavailable(f"malformed completion ({type(e).__name__}: {e}): {str(resp)[:160]}") from None
+
+  def one(b: int):
+    payload = {"model": engine.model_name, "prompt": [int(i) for i in contexts[b]], "seed": int(seeds[b]),
+               **engine.fields, "max_tokens": int(budgets[b])}
+    return engine._post("/v1/completions", payload,  # pylint: disable=protected-access
+                        lambda resp: checked(resp, int(budgets[b])))
+
+  out = {b: ((), np.zeros((0,), np.float32), FINISH_LENGTH) for b in range(B) if not budgets[b]}
+  with concurrent.futures.ThreadPoolExecutor(engine.cfg.concurrency) as pool:
+    for b, turn in zip(live, pool.map(one, live)):
+      out[b] = turn
+  return SampledTurns(ids=tuple(out[b][0] for b in range(B)), behav_logp=tuple(out[b][1] for b in range(B)),
+                      finish_B=np.array([out[b][2] for b in range(B)], np.int32))
