@@ -5,8 +5,8 @@
        env.step (tools in the shared ToolPool, in parallel) and its observation's ids appended
     -> RolloutBatch: one row per episode, token in / token out
 
-`EpisodeEngine` is the rollout engine of such a run: it wraps the built-in engine (its weights, synced
-as usual) and returns the same `RolloutBatch` a single-turn engine does, so every later stage of the
+`EpisodeEngine` is the rollout engine of such a run: it wraps the built-in engine or the `openai` engine
+(its weights, synced as usual; the server's turns: sampling/openai_turns.py) and returns the same `RolloutBatch` a single-turn engine does, so every later stage of the
 step (training/step.py) is unchanged. A row's prompt is the episode's opening prompt; its response is
 everything after it, in order: each turn's ids exactly as sampled, each observation's ids as the
 renderer tokenised them once. Three labels per token say what it is:
