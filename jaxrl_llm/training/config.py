@@ -296,9 +296,6 @@ class RunConfig:
     if ro.engine not in ("builtin", "openai"):
       raise bad("config.rollout.engine", ro.engine, f"env.name={env.name!r} samples its episodes with the built-in "
                 "engine or the openai engine's server: use 'builtin' or 'openai' (or env.name='none')")
-    if ro.overlap:
-      raise bad("config.rollout.overlap", ro.overlap, f"env.name={env.name!r}: episodes are sampled in the step, "
-                "not in the background yet: use overlap=False")
     if self.teacher.enabled:
       raise bad("config.teacher.source", self.teacher.source, f"env.name={env.name!r}: a teacher does not read "
                 "episodes yet (it would not see the environment's tokens): use 'none'")

@@ -416,3 +416,37 @@ def test_async_through_the_openai_stand_in_with_sync_every_step(tmp_path):
   assert [r["engine/syncs"] for r in rows] == [1.0, 1.0, 2.0]  # sync_every 1: a new version, a new export
   assert rows[-1]["engine/dropped"] == 0.0 and all(np.isfinite(r["loss/total"]) for r in rows)
   assert not tr.engine.process.alive()  # closed with the run
+
+
+class _TwoTurnEnv:
+  """Whatever the policy writes: turn 0 is answered "<r>ok</r>", turn 1 ends the episode, correct when its
+  text has an even length. A function of the episode's own turns: the same in any thread and order."""
+
+  name, stop_strings = "two_turn", ()
+
+  def reset(self, example):
+    self.turns = 0
+    return [{"role": "user", "content": example.prompt}]
+
+  def step(self, turn, *, truncated=False):
+    from jaxrl_llm.envs.base import Observation
+    from jaxrl_llm.model.tokenizer import CharTokenizer
+
+    self.turns += 1
+    if self.turns == 1:
+      return Observation(({"role": "tool", "content": "<r>ok</r>"},), {"correct": 0.0}, False, "tool_result")
+    return Observation((), {"correct": float(len(CharTokenizer().decode(turn)) % 2 == 0)}, True, "answer")
+
+
+@pytest.mark.slow
+def test_episodes_generated_in_the_background_equal_the_synchronous_run(tmp_path, monkeypatch):
+  from jaxrl_llm.envs import registry
+
+  monkeypatch.setattr(registry, "_ENVS", dict(registry._ENVS))
+  registry.register_env("two_turn", lambda cfg, task, pool, tok: _TwoTurnEnv())
+  env = {"env.name": "two_turn", "env.max_turns": 3, "env.max_turn_tokens": 6, "env.max_tokens": 40}
+  sync = _run(_cfg(1, False, **env), tmp_path / "sync")
+  asyn = _run(_cfg(1, True, **env), tmp_path / "async")
+  _assert_same_runs(sync, tmp_path / "sync", asyn, tmp_path / "async", 3)
+  _assert_version_lag(tmp_path / "async", 1)
+  assert all(r["env/turns_mean"] == 2.0 for r in _rows(tmp_path / "async"))

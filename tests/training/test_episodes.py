@@ -127,8 +127,6 @@ def test_env_section_defaults_and_old_workdirs():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"env.name": "calculater"}, "config.env.name='calculater' is invalid: allowed \\('none', 'calculator'"),
-    ({"env.name": "calculator", "rollout.staleness": 1, "rollout.overlap": True},
-     "config.rollout.overlap=True is invalid: env.name='calculator': episodes are sampled in the step"),
     ({"env.name": "calculator", "rollout.record_topk": 2}, "config.rollout.record_topk=2 is invalid"),
     ({"env.name": "calculator", "teacher.source": "self"}, "config.teacher.source='self' is invalid"),
     ({"env.max_turn_tokens": 64, "env.max_tokens": 32}, "config.env.max_turn_tokens=64 is invalid: at most "
