@@ -128,6 +128,16 @@ def _program_model_flops(p: Program, shapes: RunShapes, mc) -> float:
   if p.name == "recompute":
     rows = cfg.micro_batch_size
     return model_flops(mc, rows=rows, seq=P_ + R, head_rows=rows * R, train=False)
+  if p.name == "teacher":  # programs.lower_teacher: the teacher over its context + R, the student over P + R,
+    # and KL(p || q) reading both heads again (vocab_cross); the top-k pass a third time the teacher's
+    from jaxrl_llm.tpu.programs import HINT_TOKENS  # pylint: disable=import-outside-toplevel
+
+    rows, t = min(cfg.micro_batch_size, shapes.rows), cfg.teacher
+    C = P_ + (HINT_TOKENS if t.context == "hint" else 0)
+    _, head = _matmul_params(mc)
+    heads_again = (2 + (1 if t.topk else 0)) * 2 * head * rows * R
+    return (model_flops(mc, rows=rows, seq=C + R, head_rows=rows * R, train=False)
+            + model_flops(mc, rows=rows, seq=P_ + R, head_rows=rows * R, train=False) + heads_again)
   if p.kind == "prefill":
     return model_flops(mc, rows=p.rows, seq=P_, head_rows=p.rows, train=False)
   # decode: every row, every step, one token against the cache so far (mean context P + R / 2)

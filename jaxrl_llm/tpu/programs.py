@@ -230,6 +230,30 @@ def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int):
       always_share=cfg.train.share_prompt == "on")
 
 
+HINT_TOKENS = 64  # teacher.context=hint: tokens the hint adds to the teacher's context (a plan's assumption)
+
+
+@_in_mesh
+def lower_teacher(shapes: RunShapes, model_cfg, params, rows: int):
+  """The teacher's scoring pass over `rows` samples (teacher/stage.py's `_score_chunk`): the teacher
+  reads its context + the response, the student its prompt + the response, and the vocabulary ops
+  give log q, log p, H(q), KL(p || q) (and the teacher's top-k or hidden states for the loss forms).
+  The teacher has the student's shapes (a self or warm-started teacher; a checkpoint teacher of
+  another size is not planned)."""
+  from jaxrl_llm.teacher import stage as teacher_stage  # pylint: disable=import-outside-toplevel
+
+  cfg, m = shapes.cfg, shapes.mesh
+  t = cfg.teacher
+  P_, R = shapes.prompt_len, shapes.response_len
+  C = P_ + (HINT_TOKENS if t.context == "hint" else 0)
+  spec = teacher_stage._ScoreSpec(  # pylint: disable=protected-access
+      teacher_cfg=model_cfg, student_cfg=model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
+      topk=t.topk, keep_hidden=bool(t.loss_form and not t.topk))
+  args = (_rows(m, (rows, C), jnp.int32), _rows(m, (rows, C), jnp.bool_), _rows(m, (rows, P_), jnp.int32),
+          _rows(m, (rows, P_), jnp.bool_), _rows(m, (rows, R), jnp.int32), _rows(m, (rows, R), jnp.bool_))
+  return teacher_stage._score_chunk.lower(params, params, *args, spec=spec)  # pylint: disable=protected-access
+
+
 def train_batch(shapes: RunShapes, rows: int) -> TrainBatch:
   """The update's mini-batch as shapes: rows over data x fsdp."""
   cfg, m, mc = shapes.cfg, shapes.mesh, shapes.model_cfg
@@ -324,6 +348,11 @@ def run_programs(shapes: RunShapes) -> list[Program]:
                                     ("pi_ref", cfg.objective.needs_ref or cfg.log.kl_to_ref)) if on)
     out.append(Program("recompute", "plain", lambda mc, p, _: lower_recompute(shapes, mc, p, chunk), 1,
                        shapes.recomputes * (B // chunk), f"{what}: {B // chunk} chunks of {chunk} rows each"))
+  if cfg.teacher.enabled:
+    chunk_t = min(chunk, B)
+    out.append(Program("teacher", "plain", lambda mc, p, _: lower_teacher(shapes, mc, p, chunk_t), 1, B / chunk_t,
+                       f"{cfg.teacher.source} teacher, context {cfg.teacher.context}: {B // chunk_t} chunks of "
+                       f"{chunk_t} rows (the student's shapes)"))
   out.append(Program("update", "update", lambda mc, p, n: lower_update(shapes, mc, p, n), shapes.n_micro,
                      cfg.train.epochs * cfg.train.mini_batches, f"{shapes.n_micro} micro-batches of {chunk} rows"))
   if cfg.sft.steps:

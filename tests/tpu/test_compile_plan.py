@@ -252,3 +252,18 @@ def test_a_multi_host_slice_compiles_from_one_process():
   assert (head["chips"], head["hosts"], chip.generation) == (8, 2, "v5p")
   assert head["mesh"] == "data 1xfsdp 4xtensor 2" and step["fits"]
   assert {r.name for r in reports} >= {"rollout/prefill", "rollout/decode", "update", "recompute"}
+
+
+def test_the_teacher_pass_compiles_with_its_vocabulary_kernels():
+  """A teacher method's scoring pass (teacher/stage.py) is one of the run's programs: with a hint context
+  and top-k the teacher reads P + 64 tokens, and the pass runs token_logprobs twice, vocab_cross and
+  vocab_topk as Mosaic kernels."""
+  from run_helpers import load_config
+
+  c = load_config("sdpo")  # configs/sdpo.py: the self-teacher reading a hint
+  c.teacher.topk = 8
+  _, reports, _, _ = compile_lib.plan(from_config_dict(c), TOPOLOGY, probes=False, log=lambda s: None)
+  by_name = {r.name: r for r in reports}
+  assert list(by_name)[:5] == ["rollout/prefill", "rollout/decode", "recompute", "teacher", "update"]
+  t = by_name["teacher"]
+  assert t.mosaic_kernels == 4 and t.fits and t.calls_per_step == 1 and 0 < t.memory["peak"] < t.hbm_bytes
