@@ -254,7 +254,31 @@ def lower_teacher(shapes: RunShapes, model_cfg, params, rows: int):
   return teacher_stage._score_chunk.lower(params, params, *args, spec=spec)  # pylint: disable=protected-access
 
 
-def train_batch(shapes: RunShapes, rows: int) -> TrainBatch:
+def _teacher_loss(shapes: RunShapes, model_cfg, rows: int):
+  """A loss-form teacher's part of the update (teacher/loss.py's DistillTerm): (extra_terms, the batch's
+  extra_BR shapes, the aux shapes); nothing for an advantage-form teacher or none."""
+  from jaxrl_llm.teacher import loss as teacher_loss  # pylint: disable=import-outside-toplevel
+
+  cfg, m, t = shapes.cfg, shapes.mesh, shapes.cfg.teacher
+  if not (t.enabled and t.loss_form):
+    return (), {}, {}
+  term = teacher_loss.DistillTerm(model_cfg, t.divergence, t.jsd_beta, cfg.rollout.temperature,
+                                  cfg.objective.aggregation, impl=cfg.kernels.impl, topk=t.topk,
+                                  topk_tail=t.topk_tail, n_teachers=1)
+  R = shapes.response_len
+  extra = {teacher_loss.WEIGHT: _rows(m, (rows, R), jnp.float32)}
+  aux = {}
+  if t.topk:
+    extra[teacher_loss.TOPK_IDS] = _rows(m, (rows, R, t.topk), jnp.int32)
+    extra[teacher_loss.TOPK_LOGP] = _rows(m, (rows, R, t.topk), jnp.float32)
+  else:  # the teacher's hidden states and its head (the student's shapes)
+    extra[teacher_loss.HIDDEN] = _rows(m, (rows, R, model_cfg.d_model), jnp.float32)
+    head = jax.eval_shape(lambda p: model_lib.lm_head(p, model_cfg), model_lib.param_shapes(model_cfg))
+    aux[teacher_loss.head_key(0)] = sds(head.shape, head.dtype, sharding_lib.head_sharding(m))
+  return (("teacher", term),), extra, aux
+
+
+def train_batch(shapes: RunShapes, rows: int, extra_BR: dict | None = None) -> TrainBatch:
   """The update's mini-batch as shapes: rows over data x fsdp."""
   cfg, m, mc = shapes.cfg, shapes.mesh, shapes.model_cfg
   obj = cfg.objective
@@ -268,7 +292,7 @@ def train_batch(shapes: RunShapes, rows: int) -> TrainBatch:
       tokens_BR=_rows(m, (rows, R), jnp.int32), mask_BR=_rows(m, (rows, R), jnp.bool_), behav_logp_BR=f(rows, R),
       prox_logp_BR=f(rows, R), ref_logp_BR=f(rows, R), adv_BR=f(rows, R), returns_BR=f(rows, R),
       old_values_BR=f(rows, R), topk_ids_BRK=_rows(m, (rows, R, K), jnp.int32), topk_logp_BRK=f(rows, R, K),
-      behav_hidden_BRD=_rows(m, (rows, R, D), hidden_dtype), extra_BR={})
+      behav_hidden_BRD=_rows(m, (rows, R, D), hidden_dtype), extra_BR=dict(extra_BR or {}))
 
 
 @_in_mesh
@@ -283,13 +307,15 @@ def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
                     n_micro=n_micro, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
                     use_value=cfg.use_value, prox_source=cfg.prox.source, prompt_group=cfg.prompt_group,
                     always_share=cfg.train.share_prompt == "on")
+  rows = cfg.micro_batch_size * n_micro
+  terms, extra_BR, aux = _teacher_loss(shapes, model_cfg, rows)
+  spec = dataclasses.replace(spec, extra_terms=terms)
   updater = make_updater(spec, shapes.tx, shapes.vtx, state, sharding_lib.batch_sharding(m),
                          sharding_lib.replicated(m))
-  aux = {}
   if cfg.objective.needs_token_kl:  # TRM: the sampler's head, split over vocab like the policy's
     head = model_lib.lm_head(params, model_cfg)
     aux[AUX_BEHAV_HEAD] = sds(head.shape, shapes.sampling.dtype or head.dtype, sharding_lib.head_sharding(m))
-  return updater.lower(state, train_batch(shapes, cfg.micro_batch_size * n_micro), aux)
+  return updater.lower(state, train_batch(shapes, rows, extra_BR), aux)
 
 
 @_in_mesh

@@ -257,7 +257,7 @@ def test_a_multi_host_slice_compiles_from_one_process():
 def test_the_teacher_pass_compiles_with_its_vocabulary_kernels():
   """A teacher method's scoring pass (teacher/stage.py) is one of the run's programs: with a hint context
   and top-k the teacher reads P + 64 tokens, and the pass runs token_logprobs twice, vocab_cross and
-  vocab_topk as Mosaic kernels."""
+  vocab_topk as Mosaic kernels; the update holds the distillation loss term."""
   from run_helpers import load_config
 
   c = load_config("sdpo")  # configs/sdpo.py: the self-teacher reading a hint
@@ -267,3 +267,6 @@ def test_the_teacher_pass_compiles_with_its_vocabulary_kernels():
   assert list(by_name)[:5] == ["rollout/prefill", "rollout/decode", "recompute", "teacher", "update"]
   t = by_name["teacher"]
   assert t.mosaic_kernels == 4 and t.fits and t.calls_per_step == 1 and 0 < t.memory["peak"] < t.hbm_bytes
+  # The update holds the distillation term on the teacher's top-k (teacher/loss.py): 3 more kernels than
+  # the policy loss's forward, d hidden and d w (test_default_run_plan's 3).
+  assert by_name["update"].mosaic_kernels == 6
