@@ -93,8 +93,12 @@ def read_cells(out: str) -> list[dict]:
     noise = float(os.path.basename(rm)[len("noise"):])
     with open(os.path.join(d, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f if line.strip()]
+    summary = {}
+    if os.path.exists(os.path.join(d, "summary.json")):
+      with open(os.path.join(d, "summary.json")) as f:
+        summary = json.load(f)
     cells.append({"kl_coef": float(spec["config.objective.kl_coef"]), "noise": noise,
-                  "seed": int(spec["config.seed"]), "rows": rows})
+                  "seed": int(spec["config.seed"]), "rows": rows, "summary": summary})
   return cells
 
 
@@ -122,8 +126,12 @@ def curves(cells: list[dict]) -> list[dict]:
         "gold_mean": gold_m.tolist(), "eval_steps": eval_steps, "eval_accuracy_mean": eval_mean,
         "kl_end": [float(x) for x in kl[:, -1]], "proxy_start": [float(x) for x in proxy[:, 0]],
         "proxy_end": [float(x) for x in proxy[:, -1]],
-        "eval_start": [dict(e)[eval_steps[0]] for e in evals] if eval_steps else [],
-        "eval_end": [dict(e)[eval_steps[-1]] for e in evals] if eval_steps else [],
+        # held-out greedy accuracy at step 0 and at the end (the run's summary; without one, the first and
+        # last evaluations logged)
+        "eval_start": [c["summary"].get("eval_accuracy_start", dict(e)[eval_steps[0]] if eval_steps else np.nan)
+                       for c, e in zip(group, evals)],
+        "eval_end": [c["summary"].get("eval_accuracy_end", dict(e)[eval_steps[-1]] if eval_steps else np.nan)
+                     for c, e in zip(group, evals)],
         "gold_smoothed_peak": float(smooth[peak]), "gold_smoothed_peak_step": peak + window,
         "gold_smoothed_end": float(smooth[-1]), "gold_window": window,
     })
