@@ -182,7 +182,7 @@ def prm_dir(tmp_path_factory):
 def test_process_advantages_are_those_of_the_prms_step_scores(prm_dir, tmp_path):
   cfg = from_config_dict(shrink(load_config("rlhf_process"), **{
       "data.reward_model": prm_dir, "task.digits": 1, "task.n_numbers": 3, "rollout.max_response_len": 8,
-      "sft.steps": 40,      "sft.lr": 1e-2, "data.verifier_weight": 0.5}))
+      "sft.steps": 40, "sft.lr": 1e-2, "data.verifier_weight": 0.5}))
   tr = Trainer(cfg, str(tmp_path), log=lambda s: None)
   state, _, _ = tr._begin(None)  # pylint: disable=protected-access
   with jax.sharding.use_abstract_mesh(tr.mesh.abstract_mesh):
