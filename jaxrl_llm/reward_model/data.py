@@ -204,16 +204,20 @@ def arithmetic_pairs(split: str, n: int, *, digits: int, digits2: int, ops: str,
 # ---- tokens ---------------------------------------------------------------------------
 
 
+def prompt_ids(tokenizer, prompt: str, chat_template: bool) -> list[int]:
+  """A plain-text prompt's ids as the policy sees it: BOS + prompt, or the chat template's user turn
+  (which opens with its own BOS); BOS alone for an implicit prompt ("")."""
+  ids = tokenizer.encode(prompt_text(tokenizer, prompt, chat_template)) if prompt else []
+  bos = getattr(tokenizer, "bos_id", None)
+  if bos is not None and not (chat_template and prompt):
+    ids = [bos] + ids
+  return ids
+
+
 def sequence_ids(tokenizer, prompt: Text, response: Text, chat_template: bool) -> list[int]:
   """The token ids of prompt + response, as the module docstring says."""
   if isinstance(response, str):
-    ids = []
-    if prompt:
-      ids = tokenizer.encode(prompt_text(tokenizer, prompt, chat_template))
-    bos = getattr(tokenizer, "bos_id", None)
-    if bos is not None and not (chat_template and prompt):
-      ids = [bos] + ids
-    return ids + tokenizer.encode(response) + [tokenizer.eos_id]
+    return prompt_ids(tokenizer, prompt, chat_template) + tokenizer.encode(response) + [tokenizer.eos_id]
   messages = list(prompt or ()) + list(response)
   return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
 

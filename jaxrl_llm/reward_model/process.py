@@ -44,10 +44,10 @@ from flax import struct
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.objectives.aggregation import WeightedSum
+from jaxrl_llm.reward_model.data import prompt_ids
 from jaxrl_llm.reward_model.loss import ECE_BINS
 from jaxrl_llm.tasks.chain import ChainTask, step_labels
 from jaxrl_llm.tasks.files import read_rows
-from jaxrl_llm.tasks.pipeline import prompt_text
 from jaxrl_llm.tasks.split import SPLITS, check_split, in_eval_split
 
 
@@ -152,10 +152,7 @@ def chain_rows(split: str, n: int, *, n_terms: int, digits: int, seed: int, eval
 
 def step_ids(tokenizer, row: StepRow, separator: str, chat_template: bool) -> tuple[list[int], list[int]]:
   """(ids, step_end_positions) of a row, the module docstring's sequence."""
-  ids = tokenizer.encode(prompt_text(tokenizer, row.prompt, chat_template)) if row.prompt else []
-  bos = getattr(tokenizer, "bos_id", None)
-  if bos is not None and not (chat_template and row.prompt):
-    ids = [bos] + ids
+  ids = prompt_ids(tokenizer, row.prompt, chat_template)
   sep = tokenizer.encode(separator)
   ends = []
   for step in row.completions:
