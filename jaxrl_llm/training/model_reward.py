@@ -173,7 +173,10 @@ class RewardModelExtension(Extension):
     if not self.process:
       return dataclasses.replace(scores, reward_B=reward_B), stats
     # Step k's reward w_rm * p_k where it ends; the verifier's part and the shaping at the last step end
-    # (the last sampled token when the response has no step).
+    # (the last sampled token when the response has no step; the step statistics count real steps only).
+    stats.update({"reward/steps_mean": float(end_BR[got].sum(axis=1).mean()),
+                  "reward/step_p_mean": float(p_BR[end_BR & got[:, None]].mean()) if (end_BR & got[:, None]).any()
+                  else 0.0})
     step_reward_BR = (c.reward_model_weight * p_BR).astype(np.float32)
     rest_B = rl_reward.mixed_reward(np.zeros_like(model_B), verifier_B, shaping_B, w_rm=0.0, w_v=c.verifier_weight)
     mask_BR = np.asarray(samples.mask_BR, bool)
@@ -182,9 +185,6 @@ class RewardModelExtension(Extension):
       if ends.size:
         end_BR[b, ends[-1]] = True
         step_reward_BR[b, ends[-1]] += rest_B[b]
-    stats.update({"reward/steps_mean": float(end_BR[got].sum(axis=1).mean()),
-                  "reward/step_p_mean": float(p_BR[end_BR & got[:, None]].mean()) if (end_BR & got[:, None]).any()
-                  else 0.0})
     return dataclasses.replace(scores, reward_B=reward_B, step_reward_BR=step_reward_BR, step_end_BR=end_BR), stats
 
   # ---- resume ------------------------------------------------------------------------
