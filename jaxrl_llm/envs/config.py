@@ -23,6 +23,7 @@ class EnvConfig:
   max_turns: int = 4  # assistant turns per episode, the final answer's included
   max_turn_tokens: int = 32  # tokens one turn may sample (its EOS or closing tag included); a turn cut there ends its episode (status token_limit)
   max_tokens: int = 128  # tokens of an episode after its opening prompt: every turn and observation (the response length R of its batch row; rollout.max_response_len then bounds only the warm start's demonstrations)
+  keep_cache: bool = True  # the built-in sampler keeps each episode's KV cache from turn to turn and encodes only the new tokens; False: every turn encodes the whole history again (same turns, sampling/turns.py)
   workers: int = 2  # tool worker processes (one ToolPool per run)
   tools: ToolLimits = ToolLimits()  # what one tool call may use (time, CPU, memory, output, files)
 
@@ -37,6 +38,7 @@ class EnvConfig:
     if self.max_turn_tokens > self.max_tokens:
       raise bad("config.env.max_turn_tokens", self.max_turn_tokens,
                 f"at most env.max_tokens={self.max_tokens} (a turn is part of its episode)")
+    check_bool("config.env.keep_cache", self.keep_cache)
     check_int("config.env.workers", self.workers, 1)
     if not isinstance(self.tools, ToolLimits):
       raise bad("config.env.tools", self.tools, "a ToolLimits (envs/pool.py)")

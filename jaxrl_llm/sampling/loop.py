@@ -165,33 +165,22 @@ def prompt_positions(prompt_mask_BP: jax.Array) -> tuple[jax.Array, jax.Array, j
   return positions_BP, counts_BP[:, -1], last_index_B
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len", "mesh", "data_axis"))
-def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array, key: jax.Array,
-            budget_B: jax.Array | None = None, *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int,
-            mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
-  """Encodes B0 prompts, repeats them n_samples times, samples token 0.
-
-  budget_B: [B0] int32, the most tokens each prompt's rows may sample (in [1, R]); None: R for all.
-  """
-  params = cast_params(params, cfg.dtype)
-  B0, _ = prompt_tokens_BP.shape
+def start_state(cache: KVCache, logits_B0V: jax.Array, prompt_len_B0: jax.Array, key: jax.Array,
+                budget_B0: jax.Array | None, *, cfg: SamplingConfig, mesh: Mesh | None = None,
+                data_axis: tuple[str, ...] = ()) -> DecodeState:
+  """The decode state after encoding B0 contexts: their cache and next-token logits repeated n_samples
+  times (group g's rows are g*n .. g*n + n - 1), token 0 sampled. prompt_len_B0: the RoPE position of
+  each context's next token; budget_B0: the most tokens its rows may sample (None: R)."""
+  B0 = prompt_len_B0.shape[0]
   n = cfg.n_samples
   B, R = B0 * n, cfg.max_new_tokens
-  positions_BP, prompt_len_B, last_index_B = prompt_positions(prompt_mask_BP)
-  cache = init_cache(model_cfg, B0, cache_len)
-  hidden_BPD, cache = forward(params, model_cfg, prompt_tokens_BP.astype(jnp.int32), positions_BP,
-                              prompt_mask_BP.astype(jnp.bool_), cache)
-  hidden_B1D = jnp.take_along_axis(hidden_BPD, last_index_B[:, None, None], axis=1)
-  logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
-  # Group g's rows are g*n .. g*n + n - 1: repeat each prompt's cache n times.
   rep = functools.partial(jnp.repeat, repeats=n, axis=0, total_repeat_length=B)
-  cache = cache.map_rows(rep)
   K = cfg.record_topk
   state = DecodeState(
-      cache=cache,
+      cache=cache.map_rows(rep),
       step=jnp.zeros((), jnp.int32),
       row_keys_B=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(B, dtype=jnp.int32)),
-      prompt_len_B=rep(prompt_len_B),
+      prompt_len_B=rep(prompt_len_B0),
       last_B=jnp.full((B,), cfg.pad_id, jnp.int32),
       active_B=jnp.ones((B,), jnp.bool_),
       tokens_BR=jnp.full((B, R), cfg.pad_id, jnp.int32),
@@ -202,9 +191,60 @@ def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array
       topk_logp_BRK=jnp.zeros((B, R, K), jnp.float32) if K else None,
       finish_reason_B=jnp.full((B,), FINISH_LENGTH, jnp.int32),
       length_B=jnp.zeros((B,), jnp.int32),
-      budget_B=None if budget_B is None else rep(budget_B.astype(jnp.int32)),
+      budget_B=None if budget_B0 is None else rep(budget_B0.astype(jnp.int32)),
   )
-  return shard_rows(_record(shard_rows(state, mesh, data_axis), rep(logits_BV), cfg), mesh, data_axis)
+  return shard_rows(_record(shard_rows(state, mesh, data_axis), rep(logits_B0V), cfg), mesh, data_axis)
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len", "mesh", "data_axis"))
+def prefill(params: dict, prompt_tokens_BP: jax.Array, prompt_mask_BP: jax.Array, key: jax.Array,
+            budget_B: jax.Array | None = None, *, model_cfg: ModelConfig, cfg: SamplingConfig, cache_len: int,
+            mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
+  """Encodes B0 prompts, repeats them n_samples times, samples token 0.
+
+  budget_B: [B0] int32, the most tokens each prompt's rows may sample (in [1, R]); None: R for all.
+  """
+  params = cast_params(params, cfg.dtype)
+  B0, _ = prompt_tokens_BP.shape
+  positions_BP, prompt_len_B, last_index_B = prompt_positions(prompt_mask_BP)
+  cache = init_cache(model_cfg, B0, cache_len)
+  hidden_BPD, cache = forward(params, model_cfg, prompt_tokens_BP.astype(jnp.int32), positions_BP,
+                              prompt_mask_BP.astype(jnp.bool_), cache)
+  hidden_B1D = jnp.take_along_axis(hidden_BPD, last_index_B[:, None, None], axis=1)
+  logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
+  return start_state(cache, logits_BV, prompt_len_B, key, budget_B, cfg=cfg, mesh=mesh, data_axis=data_axis)
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len", "mesh", "data_axis"))
+def extend(params: dict, cache: KVCache | None, tokens_BE: jax.Array, mask_BE: jax.Array, start_B: jax.Array,
+           drop_BS: jax.Array | None, key: jax.Array, budget_B: jax.Array, *, model_cfg: ModelConfig,
+           cfg: SamplingConfig, cache_len: int, mesh: Mesh | None = None,
+           data_axis: tuple[str, ...] = ()) -> DecodeState:
+  """Appends a block of new tokens to each row's kept cache and samples the row's next token 0: the
+  next turn of a multi-turn episode without encoding its history again (sampling/turns.py).
+
+  cache: the cache of the rows' previous decode (None: a fresh one, the block is each row's whole
+  context), grown (or made) to `cache_len` slots; drop_BS: bool [B, S_old], slots that no longer
+  belong to the row's context (tokens sampled after a host-side cut), marked invalid first (None:
+  none). tokens_BE / mask_BE: the new tokens, any padding layout, written to slots [index, index + E);
+  start_B: the RoPE position of each row's first new token (its tokens already in the cache).
+  cfg.n_samples must be 1: row b continues its own context.
+  """
+  params = cast_params(params, cfg.dtype)
+  B, _ = tokens_BE.shape
+  if cache is None:
+    cache = init_cache(model_cfg, B, cache_len)
+  else:
+    if drop_BS is not None:
+      cache = cache.replace(mask_BS=cache.mask_BS & ~drop_BS)
+    cache = cache.resize(cache_len)
+  offsets_BE, count_B, last_index_B = prompt_positions(mask_BE)
+  positions_BE = jnp.where(mask_BE, start_B[:, None] + offsets_BE, 0)
+  hidden_BED, cache = forward(params, model_cfg, tokens_BE.astype(jnp.int32), positions_BE,
+                              mask_BE.astype(jnp.bool_), cache)
+  hidden_B1D = jnp.take_along_axis(hidden_BED, last_index_B[:, None, None], axis=1)
+  logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
+  return start_state(cache, logits_BV, start_B + count_B, key, budget_B, cfg=cfg, mesh=mesh, data_axis=data_axis)
 
 
 # Decode runs in a few segments, each a while_loop over a cache cut to the

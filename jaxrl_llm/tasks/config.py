@@ -12,6 +12,7 @@ from jaxrl_llm.tasks.registry import MODEL_REWARD
 
 REWARD_NORMS = ("none", "running", "group")  # data.reward_norm (reward_model/rl_reward.py)
 PROCESS_REDUCES = ("min", "prod")  # data.process_reduce (reward_model/process.py's solution_score)
+TOOL_DEMO_TASKS = ("arithmetic", "countdown")  # task.tool_demos: arithmetic with the calculator, countdown with python
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,9 @@ class TaskConfig:
     check_float("config.task.eval_fraction", self.eval_fraction, 0.0, 0.5, low_open=True)
     check_int("config.task.n_train", self.n_train, 1)
     check_bool("config.task.tool_demos", self.tool_demos)
+    if self.tool_demos and self.name not in TOOL_DEMO_TASKS:
+      raise bad("config.task.tool_demos", self.tool_demos,
+                f"False for task.name={self.name!r}: the tasks with tool demonstrations are {', '.join(TOOL_DEMO_TASKS)}")
     if not self.ops or any(o not in "+-*" for o in self.ops):
       raise bad("config.task.ops", self.ops, "a non-empty subset of '+-*'")
 

@@ -1,6 +1,17 @@
 """Countdown: combine the given numbers with + - * and parentheses to reach a
 target. Prompt "3,5,7>22:", a correct response "3*5+7" (each number used
-exactly once). The verifier parses the expression safely (no eval)."""
+exactly once). The verifier parses the expression safely (no eval).
+
+With `tool_demos` the right demonstrations check their expression with the
+"python" environment's tool in the plain tag format (envs/calls.py, call_format
+"tags"), whose observation is what the program prints: half check the right
+expression and answer it ("<python>3*5+7</python><result>22\n</result>3*5+7"),
+half first try the expression with one operator swapped, read its value, then
+check and answer the right one (guess, verify, correct); the wrong
+demonstrations (`wrong_fraction`) answer the swapped expression from memory,
+without the tool. So RL can learn that checking, and trying again after a
+wrong value, pays.
+"""
 
 from __future__ import annotations
 
@@ -65,6 +76,7 @@ class CountdownTask:
   seed: int = 0  # fixes the train/eval split and the problems drawn
   eval_fraction: float = 0.1  # share of the problem space held out for eval
   wrong_fraction: float = 0.0  # share of demonstrations with one operator swapped
+  tool_demos: bool = False  # right demonstrations check with the python tool (module docstring)
   name: str = "countdown"
 
   def __post_init__(self):
@@ -96,11 +108,19 @@ class CountdownTask:
       prompt = ",".join(map(str, shown)) + f">{target}:"
       if in_eval_split(prompt, self.seed, self.eval_fraction) != want_eval:
         continue
+      def swapped() -> str:  # the expression with one operator swapped
+        i = int(rng.integers(len(ops)))
+        changed = ops.copy()
+        changed[i] = {"+": "-", "-": "+", "*": "+"}[ops[i]]
+        return str(nums[0]) + "".join(o + str(x) for o, x in zip(changed, nums[1:]))
+
       demo = expr
       if rng.random() < self.wrong_fraction:
-        i = int(rng.integers(len(ops)))
-        swapped = ops.copy()
-        swapped[i] = {"+": "-", "-": "+", "*": "+"}[ops[i]]
-        demo = str(nums[0]) + "".join(o + str(x) for o, x in zip(swapped, nums[1:]))
+        demo = swapped()
+      elif self.tool_demos:
+        demo = f"<python>{expr}</python><result>{target}\n</result>{expr}"
+        if rng.random() < 0.5:  # guess, verify, correct
+          guess = swapped()
+          demo = f"<python>{guess}</python><result>{_evaluate(ast.parse(guess, mode='eval').body, [])}\n</result>{demo}"
       out.append(Example(prompt=prompt, answer=expr, demo=demo, tag=self.name))
     return out

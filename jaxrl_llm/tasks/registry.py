@@ -80,7 +80,7 @@ def _arithmetic(cfg) -> Task:
 def _countdown(cfg) -> Task:
   t = cfg.task
   return CountdownTask(n_numbers=t.n_numbers, max_number=t.max_number, seed=cfg.seed,
-                       eval_fraction=t.eval_fraction, wrong_fraction=cfg.sft.wrong_fraction)
+                       eval_fraction=t.eval_fraction, wrong_fraction=cfg.sft.wrong_fraction, tool_demos=t.tool_demos)
 
 
 def _chain(cfg) -> Task:

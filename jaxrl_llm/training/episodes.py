@@ -21,8 +21,9 @@ log mu is recorded for the policy's tokens only (0 on the environment's). The ep
 its reward parts (training/score.py's `episode_rewards`), so the advantage is one per episode,
 broadcast over every token the policy sampled in it (docs/objectives.md, section 6).
 
-A round samples every episode of the batch together; see sampling/turns.py for why each round encodes
-the whole history again (no KV cache is kept between turns yet).
+A round samples every episode of the batch together. With the built-in sampler each episode's KV cache
+is kept from one round to the next (`env.keep_cache`, sampling/turns.py's `KeptCache`): a round
+encodes only the previous turn's last token and the observation.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine
 from jaxrl_llm.sampling.openai_turns import sample_turns_openai
-from jaxrl_llm.sampling.turns import SampledTurns, sample_turns, stop_sequences
+from jaxrl_llm.sampling.turns import KeptCache, SampledTurns, sample_turns, stop_sequences
 from jaxrl_llm.tasks.base import Example
 
 # Statuses an episode ends with (the metrics count each, every step, zeros included).
@@ -195,9 +196,15 @@ class EpisodePlayer:
                                    record_topk=0,
                                    stop_sequences=stop_sequences(self.tokenizer, self.stop_strings))
 
-    def sample_round(contexts, budgets, rnd):
-      return sample_turns(params, model_cfg, contexts, budgets, turn_cfg, jax.random.fold_in(key, rnd), mesh=mesh,
-                          tokenizer=self.tokenizer, stop_strings=self.stop_strings)
+    if self.env_cfg.keep_cache:
+      kept = KeptCache(params, model_cfg, turn_cfg, mesh=mesh, tokenizer=self.tokenizer, stop_strings=self.stop_strings)
+
+      def sample_round(contexts, budgets, rnd):
+        return kept(contexts, budgets, jax.random.fold_in(key, rnd))
+    else:
+      def sample_round(contexts, budgets, rnd):
+        return sample_turns(params, model_cfg, contexts, budgets, turn_cfg, jax.random.fold_in(key, rnd),
+                            mesh=mesh, tokenizer=self.tokenizer, stop_strings=self.stop_strings)
 
     return self.play_rounds(sample_round, examples, version=version)
 

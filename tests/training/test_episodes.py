@@ -376,3 +376,57 @@ def test_the_episode_page_in_headless_chromium(flaky_run, tmp_path):
     assert "of the environment" in page.inner_text("#runinfo")
     browser.close()
   assert not problems, problems
+
+
+class EchoEnv:
+  """Two observations ("<result>N</result>", N the turn's length), then done: three turns per episode
+  whatever the model writes, so every round after the first continues a kept cache."""
+
+  name, stop_strings = "echo", ("</calc>",)
+
+  def reset(self, example):
+    self.turns = 0
+    return [{"role": "user", "content": example.prompt}]
+
+  def step(self, turn, *, truncated=False):
+    self.turns += 1
+    if self.turns < 3:
+      return Observation(({"role": "tool", "content": f"<result>{len(turn)}</result>"},), {"correct": 0.0},
+                         False, "tool_result")
+    return Observation((), {"correct": 1.0}, True, "answer")
+
+
+@pytest.mark.slow
+def test_the_kept_cache_plays_the_reference_episodes(monkeypatch):
+  """The trainer's episode player with env.keep_cache (the default) gives the rows of re-encoding every
+  turn's whole history: the same ids, labels and statuses, log mu to float rounding."""
+  import jax
+
+  from jaxrl_llm.model import ModelConfig, init_params
+
+  monkeypatch.setattr(registry, "_ENVS", dict(registry._ENVS))
+  registry.register_env("echo", lambda cfg, task, pool, tok: EchoEnv())
+  model_cfg = ModelConfig.tiny(TOK.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                               d_ff=64, init_std=0.3)
+  params = init_params(model_cfg, jax.random.key(0))
+  task = ArithmeticTask(digits=1)
+  examples = task.examples("train", 12)
+  from jaxrl_llm.sampling.config import SamplingConfig
+
+  sampling = SamplingConfig(temperature=1.0, max_new_tokens=8, pad_id=TOK.pad_id, eos_ids=(TOK.eos_id,))
+  batches = {}
+  for keep in (True, False):
+    cfg = from_config_dict(shrink(get_config("gspo"), **{
+        "env.name": "echo", "env.max_turns": 3, "env.max_turn_tokens": 8, "env.max_tokens": 96,
+        "env.keep_cache": keep, "data.max_prompt_len": 8}))
+    player = episodes_lib.EpisodePlayer(cfg, task, TOK)
+    try:
+      batches[keep] = player.play(params, model_cfg, examples, sampling, jax.random.key(1))
+    finally:
+      player.close()
+  kept, ref = batches[True], batches[False]
+  for name in ("tokens_BR", "mask_BR", "context_BR", "turn_BR", "prompt_BP"):
+    np.testing.assert_array_equal(getattr(kept, name), getattr(ref, name), err_msg=name)
+  np.testing.assert_allclose(np.asarray(kept.behav_logp_BR), np.asarray(ref.behav_logp_BR), atol=2e-5)
+  assert kept.statuses == ref.statuses
+  assert (kept.turn_BR.max(axis=1) == 2).sum() >= 6  # most episodes reached their third turn

@@ -1,0 +1,27 @@
+"""The countdown Python example without the tool: the control arm of the tool comparison.
+
+    python -m jaxrl_llm.train --config=configs/examples/countdown_no_tool.py
+
+Everything as configs/examples/countdown_python.py (model, task, warm start length and share of
+wrong demonstrations, RL steps, prompts and samples per step, evaluation) except that there is no
+environment: the right demonstrations answer the expression directly, the wrong ones (60%) answer an
+expression with one operator swapped, as in the tool arm, and an episode is one turn. The 3-seed
+comparison is in docs/benchmarks.md ("Tools").
+"""
+
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    "countdown_python", os.path.join(os.path.dirname(os.path.abspath(__file__)), "countdown_python.py"))
+_python = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_python)
+
+
+def get_config():
+  c = _python.get_config()
+  c.name = "countdown_no_tool"
+  c.task.tool_demos = False
+  c.env.name = "none"
+  c.rollout.max_response_len = 16  # an expression and EOS: at most 6 tokens
+  return c
