@@ -93,8 +93,8 @@ from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.sampling.config import SamplingConfig, ServerConfig
 from jaxrl_llm.sampling.engine import RolloutBatch, register_engine
 from jaxrl_llm.sampling.http_client import ServerClient, ServerRejected, ServerUnavailable
-from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, Sample, log_prob, request_fields
-from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, Sample, read_completion, request_fields
+from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
 from jaxrl_llm.sampling.sync_check import (
     Deadline, SyncCheck, SyncCheckFailed, SyncTimeout, engine_logp, failure_message, probe_ids, tolerance,
@@ -407,30 +407,9 @@ class OpenAIEngine:
       raise ServerUnavailable(f"malformed completion ({type(e).__name__}: {e}): {str(resp)[:160]}") from None
 
   def _parse(self, resp: dict) -> Sample:
-    choice = resp["choices"][0]
-    content = (choice.get("logprobs") or {})["content"]
-    V, K, R = self.model_cfg.vocab_size, self.scfg.record_topk, self.scfg.max_new_tokens
-    ids, logp, top_ids, top_logp = [], [], [], []
-    finish = FINISH_LENGTH
-    for entry in content:
-      tok = int(entry["id"])
-      if not 0 <= tok < V:
-        raise ValueError(f"token id {tok} outside the vocabulary [0, {V})")
-      ids.append(tok)
-      logp.append(log_prob(float(entry["prob"])))
-      tops = sorted(entry.get("top_probs") or [], key=lambda t: -float(t["prob"]))[:K]
-      top_ids.append([int(t["id"]) for t in tops] + [self.scfg.pad_id] * (K - len(tops)))
-      top_logp.append([log_prob(float(t["prob"])) for t in tops] + [-math.inf] * (K - len(tops)))
-      if tok in self.ends:  # the answer ends here, whether or not the server stopped on it
-        finish = FINISH_EOS if tok in self.scfg.eos_ids else FINISH_STOP
-        break
-    if len(ids) > R:
-      raise ValueError(f"{len(ids)} tokens for max_tokens={R}")
-    if finish == FINISH_LENGTH and choice.get("finish_reason") == "stop":
-      raise ConfigError(f"the server stopped an answer on token {ids[-1] if ids else None}, which is not in the "
-                        f"trainer's eos_ids {sorted(self.scfg.eos_ids)} or stop_ids {sorted(self.scfg.stop_ids)}: "
-                        "the served model's end-of-generation tokens differ from the trainer's")
-    return Sample(ids, logp, top_ids, top_logp, finish)
+    return read_completion(resp, max_tokens=self.scfg.max_new_tokens, ends=self.ends, eos_ids=self.scfg.eos_ids,
+                           vocab_size=self.model_cfg.vocab_size, topk=self.scfg.record_topk, pad_id=self.scfg.pad_id,
+                           what="an answer")
 
   def _batch(self, prompts, samples: dict[int, Sample], B: int, R: int, K: int) -> RolloutBatch:
     pad, G = self.scfg.pad_id, self.scfg.n_samples

@@ -29,32 +29,16 @@ import numpy as np
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.sampling.http_client import ServerUnavailable
-from jaxrl_llm.sampling.openai_request import log_prob
-from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+from jaxrl_llm.sampling.openai_request import read_completion
+from jaxrl_llm.sampling.rollout import FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.sampling.turns import SampledTurns, first_stop
 
 
 def parse_turn(resp: dict, budget: int, *, ends: set, eos_ids: Sequence[int], vocab_size: int,
                stop_strings: Sequence[str], tokenizer) -> tuple[tuple[int, ...], np.ndarray, int]:
   """(ids, log mu, finish) of one completion, cut as the module docstring says."""
-  choice = resp["choices"][0]
-  content = (choice.get("logprobs") or {})["content"]
-  ids, logp, finish = [], [], FINISH_LENGTH
-  for entry in content:
-    tok = int(entry["id"])
-    if not 0 <= tok < vocab_size:
-      raise ValueError(f"token id {tok} outside the vocabulary [0, {vocab_size})")
-    ids.append(tok)
-    logp.append(log_prob(float(entry["prob"])))
-    if tok in ends:
-      finish = FINISH_EOS if tok in eos_ids else FINISH_STOP
-      break
-  if len(ids) > budget:
-    raise ValueError(f"{len(ids)} tokens for max_tokens={budget}")
-  if finish == FINISH_LENGTH and len(ids) < budget and choice.get("finish_reason") == "stop":
-    raise ConfigError(f"the server stopped a turn on token {ids[-1] if ids else None}, which is not in the "
-                      f"trainer's end ids {sorted(ends)}: the served model's end-of-generation tokens differ "
-                      "from the trainer's")
+  turn = read_completion(resp, max_tokens=budget, ends=ends, eos_ids=eos_ids, vocab_size=vocab_size, what="a turn")
+  ids, logp, finish = turn.ids, turn.logp, turn.finish
   cut = first_stop(ids, stop_strings, tokenizer)
   if cut is not None and (cut < len(ids) or finish == FINISH_LENGTH):
     ids, logp, finish = ids[:cut], logp[:cut], FINISH_STOP

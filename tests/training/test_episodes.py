@@ -133,6 +133,9 @@ def test_env_section_defaults_and_old_workdirs():
                                                         "env.max_tokens=32"),
     ({"env.name": "calculator", "env.max_turn_tokens": 4, "env.max_tokens": 8, "filters.overlong_buffer": 8},
      "config.filters.overlong_buffer=8 is invalid: must be < env.max_tokens=8"),
+    ({"task.name": "chain", "task.tool_demos": True}, "config.task.tool_demos=True is invalid: False for "
+                                                      "task.name='chain': the tasks with tool demonstrations are "
+                                                      "arithmetic, countdown"),
 ])
 def test_env_section_refusals(overrides, message):
   from jaxrl_llm.training.tiny import apply_settings
