@@ -241,6 +241,8 @@ class RolloutConfig:
   record_topk: int
   mismatch: SamplerMismatch = SamplerMismatch()  # the built-in sampler's weight mismatch (quantisation, noise)
   server: ServerConfig = ServerConfig()  # an external engine's server (engine 'openai')
+  continuous_slots: int = 0  # built-in engine: 0 decodes each step's samples as one static batch; N > 0 decodes them in N slots with continuous batching (sampling/continuous.py)
+  decode_chunk: int = 16  # continuous batching: decode steps between two looks at which samples ended
 
   @property
   def batch_size(self) -> int:
@@ -264,6 +266,11 @@ class RolloutConfig:
     check_int("config.rollout.staleness", self.staleness, 0, 64)
     check_int("config.rollout.record_topk", self.record_topk, 0)
     check_bool("config.rollout.overlap", self.overlap)
+    check_int("config.rollout.continuous_slots", self.continuous_slots, 0)
+    check_int("config.rollout.decode_chunk", self.decode_chunk, 1)
+    if self.continuous_slots and self.engine != "builtin":
+      raise bad("config.rollout.continuous_slots", self.continuous_slots, "0 for engine "
+                f"{self.engine!r}: continuous batching is the built-in sampler's (the server batches on its own)")
     if self.overlap and self.staleness < 1:
       raise bad("config.rollout.staleness", self.staleness, "rollout.overlap=True samples step s+1's batch while "
                 "step s updates, so with params at least one step old: use staleness >= 1 (it is the queue depth)")

@@ -32,8 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling import generate as generate_lib
+from jaxrl_llm.sampling.continuous import generate_continuous
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.loop import cast_params
 from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched_params
@@ -140,13 +142,18 @@ def sampler_view(params, model_cfg: ModelConfig, scfg: SamplingConfig, mismatch:
 
 
 def sample_batch(params, model_cfg: ModelConfig, prompts, scfg: SamplingConfig, key, tokenizer,
-                 batch_sharding=None, version: int = -1) -> RolloutBatch:
-  """The built-in sampler on one PromptBatch (rows split over `batch_sharding`); `version` is recorded per row."""
+                 batch_sharding=None, version: int = -1, *, slots: int = 0, chunk: int = 16) -> RolloutBatch:
+  """The built-in sampler on one PromptBatch (rows split over `batch_sharding`); `version` is recorded per row.
+  slots > 0: continuous batching in that many slots, `chunk` decode steps between looks (same samples)."""
   # On the batch sharding's mesh the rows and the KV cache are split over its batch axes (and the
   # cache's kv heads over tensor); without the mesh the compiler may keep a whole cache per chip
   # (128 GB per chip for Qwen3-8B at 32 x 8 samples of 1,024 + 4,096 tokens on a v5p-128).
   mesh = batch_sharding.mesh if batch_sharding is not None else None
-  ro = generate_lib.generate(params, model_cfg, prompts.tokens_BP, prompts.mask_BP, scfg, key, mesh=mesh)
+  if slots:
+    ro = generate_continuous(params, model_cfg, prompts.tokens_BP, prompts.mask_BP, scfg, key, slots=slots,
+                             chunk=chunk, mesh=mesh)
+  else:
+    ro = generate_lib.generate(params, model_cfg, prompts.tokens_BP, prompts.mask_BP, scfg, key, mesh=mesh)
   # The host needs the tokens (decoding, rewards) and the masks; log mu stays on the device.
   tokens_BR, mask_BR, finish_B, length_B, idx = jax.device_get(
       (ro.tokens_BR, ro.mask_BR, ro.finish_reason_B, ro.length_B, ro.prompt_index_B))
@@ -185,8 +192,15 @@ class JaxSampler:
   """
 
   def __init__(self, *, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tokenizer, batch_sharding=None,
-               mismatch: SamplerMismatch = NO_MISMATCH, sharding: str = "fsdp"):
+               mismatch: SamplerMismatch = NO_MISMATCH, sharding: str = "fsdp", slots: int = 0, chunk: int = 16):
     self.model_cfg, self.sampling_cfg, self.tokenizer = model_cfg, sampling_cfg, tokenizer
+    self.slots, self.chunk = slots, chunk  # rollout.continuous_slots, rollout.decode_chunk
+    if slots and batch_sharding is not None:
+      mesh = batch_sharding.mesh
+      shards = int(np.prod([mesh.shape[a] for a in generate_lib._resolve_data_axis(mesh, None)]))  # pylint: disable=protected-access
+      if slots % shards:
+        raise ConfigError(f"config.rollout.continuous_slots={slots} is invalid: the slots split over the mesh's "
+                          f"{shards} batch shards, so allowed a multiple of {shards}")
     self.batch_sharding, self.mismatch = batch_sharding, mismatch
     self.params, self.version = None, -1
     self._gather = None
@@ -202,7 +216,7 @@ class JaxSampler:
     if self.params is None:
       raise RuntimeError("JaxSampler.generate before sync: the engine has no weights yet")
     return sample_batch(self.params, self.model_cfg, prompts, self.sampling_cfg, key, self.tokenizer,
-                        self.batch_sharding, version=self.version)
+                        self.batch_sharding, version=self.version, slots=self.slots, chunk=self.chunk)
 
   def close(self) -> None:
     self.params = None
@@ -233,7 +247,9 @@ def _builtin(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg
   # The sampling config says how to sample; the run's rollout section adds the weight mismatch.
   mismatch = run_cfg.rollout.mismatch if run_cfg is not None else NO_MISMATCH
   sharding = run_cfg.rollout.sampler_sharding if run_cfg is not None else "fsdp"
-  return JaxSampler(model_cfg=model_cfg, sampling_cfg=sampling_cfg, tokenizer=tokenizer,
+  slots = run_cfg.rollout.continuous_slots if run_cfg is not None else 0
+  chunk = run_cfg.rollout.decode_chunk if run_cfg is not None else 16
+  return JaxSampler(model_cfg=model_cfg, sampling_cfg=sampling_cfg, tokenizer=tokenizer, slots=slots, chunk=chunk,
                     batch_sharding=batch_sharding, mismatch=mismatch, sharding=sharding)
 
 

@@ -54,6 +54,7 @@ class DecodeState:
   finish_reason_B: jax.Array  # [B] int32 (FINISH_LENGTH until decided)
   length_B: jax.Array  # [B] int32
   budget_B: jax.Array | None = None  # [B] int32 tokens the row may sample, <= R (one turn of an episode); None: R
+  step_B: jax.Array | None = None  # [B] int32 each row's own step (continuous batching: sampling/continuous.py); None: `step`
 
 
 def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: tuple[str, ...]) -> DecodeState:
@@ -87,23 +88,31 @@ def cast_params(params: dict, dtype: str | None) -> dict:
 
 
 def _column(buf, col, t):
-  """buf with column t (axis 1) replaced by col."""
+  """buf with column t (axis 1) replaced by col; t a scalar, or [B] (row b's column t[b]; a column
+  past the end is dropped)."""
+  if jnp.ndim(t):
+    return buf.at[jnp.arange(buf.shape[0]), t].set(col.astype(buf.dtype), mode="drop")
   start = (0, t) + (0,) * (buf.ndim - 2)
   return lax.dynamic_update_slice(buf, jnp.expand_dims(col, 1).astype(buf.dtype), start)
 
 
 def _ends_with(tokens_BR: jax.Array, tok_B: jax.Array, t: jax.Array, seq: tuple[int, ...]) -> jax.Array:
-  """bool [B]: the row's sampled tokens, tok_B at step t after tokens_BR[:, :t], end with `seq`."""
+  """bool [B]: the row's sampled tokens, tok_B at step t after tokens_BR[:, :t], end with `seq` (t a
+  scalar or [B])."""
   match_B = tok_B == seq[-1]
   for j, want in enumerate(reversed(seq[:-1]), start=1):
-    prev_B = lax.dynamic_index_in_dim(tokens_BR, jnp.maximum(t - j, 0), axis=1, keepdims=False)
+    if jnp.ndim(t):
+      prev_B = jnp.take_along_axis(tokens_BR, jnp.maximum(t - j, 0)[:, None], axis=1)[:, 0]
+    else:
+      prev_B = lax.dynamic_index_in_dim(tokens_BR, jnp.maximum(t - j, 0), axis=1, keepdims=False)
     match_B = match_B & (prev_B == want) & (t >= j)
   return match_B
 
 
 def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> DecodeState:
-  """Samples token `state.step` from logits_BV and writes it into the record."""
-  t = state.step
+  """Samples token `state.step` (row b's `state.step_B[b]` when set) from logits_BV and writes it into
+  the record."""
+  t = state.step if state.step_B is None else state.step_B
   R = state.tokens_BR.shape[1]
   active_B = state.active_B
   if 0 < cfg.vocab_limit < logits_BV.shape[-1]:  # padded rows: the tokenizer has no such ids
@@ -113,7 +122,7 @@ def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> De
   if cfg.greedy:
     tok_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
   else:
-    step_keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys_B, t)
+    step_keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, 0 if jnp.ndim(t) else None))(state.row_keys_B, t)
     tok_B = sample_from_logp(step_keys_B, logp_BV)
   tok_B = jnp.where(active_B, tok_B, cfg.pad_id)
   zero = jnp.zeros((), jnp.float32)
@@ -142,8 +151,10 @@ def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> De
   if state.budget_B is not None:  # a row's own limit (the turn budget of its episode), "length" too
     at_length_B = at_length_B | (t + 1 >= state.budget_B)
   ends_B = active_B & (is_eos_B | is_stop_B | at_length_B)
+  if state.step_B is not None:  # a row's step moves while it samples
+    updates["step_B"] = t + active_B.astype(jnp.int32)
   return state.replace(
-      step=t + 1,
+      step=state.step + 1,
       last_B=tok_B,
       active_B=active_B & ~ends_B,
       finish_reason_B=jnp.where(ends_B, reason_B, state.finish_reason_B),
@@ -277,7 +288,7 @@ def decode_step(params: dict, s: DecodeState, *, model_cfg: ModelConfig, cfg: Sa
   holds them (unstacked, in the sampler's dtype)."""
   # The token sampled at step - 1 goes into slot P + step - 1 at position
   # prompt_len + step - 1; finished rows feed padding that no query attends.
-  positions_B1 = (s.prompt_len_B + s.step - 1)[:, None]
+  positions_B1 = (s.prompt_len_B + (s.step if s.step_B is None else s.step_B) - 1)[:, None]
   hidden_B1D, cache = forward(params, model_cfg, s.last_B[:, None], positions_B1, s.active_B[:, None], s.cache)
   logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
   return shard_rows(_record(s.replace(cache=cache), logits_BV, cfg), mesh, data_axis)

@@ -146,6 +146,8 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.rollout.sampler_sharding = "fsdp"  # built-in engine: fsdp (sample with the params as the trainer splits them: every forward all-gathers the fsdp-split weights, once per decode step) | tensor (at each sync gather them over fsdp into a copy in sampler_dtype split over tensor only: one all-gather per step, more memory; the layout for fsdp meshes on TPU, docs/tpu.md)
   c.rollout.staleness = 0  # k: step s samples with the params step s-k started from (PipelineRL-k; k updates ago with one update per step); 0 is on-policy
   c.rollout.overlap = False  # generate the next k = staleness steps' batches in the background while step s updates (a queue of depth k >= 1; the same samples as the synchronous run with that staleness; training/async_rollout.py)
+  c.rollout.continuous_slots = 0  # 0: each step's samples decode as one static batch (every row waits for the longest); N: N slots, each taking the next queued sample when its own ends (continuous batching, sampling/continuous.py; long-tailed response lengths)
+  c.rollout.decode_chunk = 16  # continuous batching: decode steps between two looks at which samples ended
   c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
   # Mismatch on purpose (built-in engine), combinable with sampler_dtype and staleness: quant, quant_group,
   # noise, noise_seed, each documented in sampling/mismatch.py (SamplerMismatch).
