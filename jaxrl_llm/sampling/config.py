@@ -239,10 +239,10 @@ class RolloutConfig:
   staleness: int
   overlap: bool  # generate the next batches in the background (training/async_rollout.py); needs staleness >= 1
   record_topk: int
+  continuous_slots: int  # built-in engine: 0 one static batch per step; N > 0 N slots with continuous batching
+  decode_chunk: int  # continuous batching: decode steps between two looks at which samples ended
   mismatch: SamplerMismatch = SamplerMismatch()  # the built-in sampler's weight mismatch (quantisation, noise)
   server: ServerConfig = ServerConfig()  # an external engine's server (engine 'openai')
-  continuous_slots: int = 0  # built-in engine: 0 decodes each step's samples as one static batch; N > 0 decodes them in N slots with continuous batching (sampling/continuous.py)
-  decode_chunk: int = 16  # continuous batching: decode steps between two looks at which samples ended
 
   @property
   def batch_size(self) -> int:
