@@ -9,17 +9,13 @@ before, and an episode is one turn. The same budget of SFT and RL steps and samp
 measure what the tool adds. The 3-seed comparison is in docs/benchmarks.md ("Tools").
 """
 
-import importlib.util
 import os
 
-_spec = importlib.util.spec_from_file_location(
-    "arithmetic_calculator", os.path.join(os.path.dirname(os.path.abspath(__file__)), "arithmetic_calculator.py"))
-_calculator = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_calculator)
+from jaxrl_llm.training.defaults import load_config_file
 
 
 def get_config():
-  c = _calculator.get_config()
+  c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "arithmetic_calculator.py"))
   c.name = "arithmetic_no_tool"
   c.task.tool_demos = False
   c.env.name = "none"

@@ -9,17 +9,13 @@ expression with one operator swapped, as in the tool arm, and an episode is one 
 comparison is in docs/benchmarks.md ("Tools").
 """
 
-import importlib.util
 import os
 
-_spec = importlib.util.spec_from_file_location(
-    "countdown_python", os.path.join(os.path.dirname(os.path.abspath(__file__)), "countdown_python.py"))
-_python = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_python)
+from jaxrl_llm.training.defaults import load_config_file
 
 
 def get_config():
-  c = _python.get_config()
+  c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "countdown_python.py"))
   c.name = "countdown_no_tool"
   c.task.tool_demos = False
   c.env.name = "none"

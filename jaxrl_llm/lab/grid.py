@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import os
 import re
 
 from jaxrl_llm.checks import RENAMED_KEYS, ConfigError, bad, check_choice, renamed_message
+from jaxrl_llm.training.defaults import load_config_file
 
 MISMATCH_FORMS = "none, bf16, int8[:GROUP], int4[:GROUP], noise:STD, stale:K, or several joined with + (int4+stale:1)"
 # Keys the lab sets in every run; a --config.<key> override of one is an error naming the lab's flag.
@@ -174,16 +174,6 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
       raise bad(f"--config.{key}", value, f"the lab sets it from --mismatch ({MISMATCH_FORMS})")
     out[key] = value
   return out
-
-
-def load_config_file(path: str):
-  """get_config() of a config file, loaded the way `--config=FILE` of the trainer loads it."""
-  if not os.path.isfile(path):
-    raise ConfigError(f"--config={path!r}: no such file (expected a configs/<method>.py-style file)")
-  spec = importlib.util.spec_from_file_location(f"lab_config_{hashlib.md5(path.encode()).hexdigest()}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
