@@ -9,21 +9,40 @@ the usage and exits 0 (absl's own exits 1, as for a bad flag).
 
     if __name__ == "__main__":
       cli.run(main)          # instead of absl.app.run(main)
+
+`load_config_file` loads a `--config=FILE` the way the entry points do, for
+the lab and for a recipe built on another one.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import importlib.util
+import os
 import re
 import sys
 import traceback
 from collections.abc import Callable
+
+import ml_collections
 
 from jaxrl_llm.checks import RENAMED_KEYS, ConfigError, renamed_message
 
 EXIT_USER_ERROR = 2
 # Files and directories a user pointed at (a missing file, a file where a directory belongs, ...).
 _OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """get_config() of a config file, loaded the way `--config=FILE` of the trainer loads it (a recipe
+  built on another one loads it with this: configs/examples/*_no_tool.py)."""
+  if not os.path.isfile(path):
+    raise ConfigError(f"--config={path!r}: no such file (expected a configs/<method>.py-style file)")
+  spec = importlib.util.spec_from_file_location(f"config_{hashlib.md5(path.encode()).hexdigest()}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def _from_config_parsing(e: BaseException) -> bool:

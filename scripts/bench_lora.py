@@ -47,7 +47,7 @@ def settings(variant: str, seed: int, steps: int) -> dict:
 def worker(args) -> None:
   import jax
 
-  from jaxrl_llm.training.defaults import load_config_file
+  from jaxrl_llm.cli import load_config_file
   from jaxrl_llm.model import lora
   from jaxrl_llm.model.params import param_shapes
   from jaxrl_llm.training.config import from_config_dict

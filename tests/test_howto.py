@@ -7,7 +7,6 @@ trainer on it and checks that the piece really ran.
 """
 
 import dataclasses
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -16,18 +15,12 @@ import pytest
 
 from run_helpers import load_config, make_trainer, shrink
 from jaxrl_llm import objectives
+from jaxrl_llm.cli import load_config_file
 from jaxrl_llm.extension import Extension
 from jaxrl_llm.tasks import registry
 from jaxrl_llm.tasks.base import Example
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
-
-
-def _load_config_file(path):
-  spec = importlib.util.spec_from_file_location("toy_config", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
 
 
 def _two_steps(tr):
@@ -55,7 +48,7 @@ def test_add_an_objective_preset(tmp_path, monkeypatch, quiet_log):
   path = tmp_path / "toy_tis.py"
   path.write_text('from jaxrl_llm.training.defaults import get_config as _base\n\n\n'
                   'def get_config():\n  return _base("toy_tis")\n')
-  cfg = from_config_dict(shrink(_load_config_file(path), **{"train.steps": 2}))
+  cfg = from_config_dict(shrink(load_config_file(str(path)), **{"train.steps": 2}))
   assert cfg.method == "toy_tis" and cfg.objective == toy
   assert "toy_tis" in objectives.method_table()  # the README's table is generated from PRESETS
   before, after, metrics = _two_steps(make_trainer(cfg, tmp_path / "run", quiet_log))

@@ -11,7 +11,7 @@ measure what the tool adds. The 3-seed comparison is in docs/benchmarks.md ("Too
 
 import os
 
-from jaxrl_llm.training.defaults import load_config_file
+from jaxrl_llm.cli import load_config_file
 
 
 def get_config():

@@ -11,7 +11,7 @@ comparison is in docs/benchmarks.md ("Tools").
 
 import os
 
-from jaxrl_llm.training.defaults import load_config_file
+from jaxrl_llm.cli import load_config_file
 
 
 def get_config():

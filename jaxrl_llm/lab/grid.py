@@ -21,7 +21,7 @@ import os
 import re
 
 from jaxrl_llm.checks import RENAMED_KEYS, ConfigError, bad, check_choice, renamed_message
-from jaxrl_llm.training.defaults import load_config_file
+from jaxrl_llm.cli import load_config_file
 
 MISMATCH_FORMS = "none, bf16, int8[:GROUP], int4[:GROUP], noise:STD, stale:K, or several joined with + (int4+stale:1)"
 # Keys the lab sets in every run; a --config.<key> override of one is an error naming the lab's flag.

@@ -16,10 +16,6 @@ addition, warm-started by SFT on partly wrong demonstrations, then RL.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-
 import ml_collections
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
@@ -30,19 +26,6 @@ from jaxrl_llm.sampling.config import ServerConfig
 from jaxrl_llm.sampling.mismatch import SamplerMismatch
 from jaxrl_llm.teacher.config import TeacherConfig
 from jaxrl_llm.training.guards import GuardConfig
-
-
-def load_config_file(path: str) -> ml_collections.ConfigDict:
-  """get_config() of a config file, loaded the way `--config=FILE` of the trainer loads it (a recipe
-  built on another one loads it with this: configs/examples/*_no_tool.py)."""
-  from jaxrl_llm.checks import ConfigError
-
-  if not os.path.isfile(path):
-    raise ConfigError(f"--config={path!r}: no such file (expected a configs/<method>.py-style file)")
-  spec = importlib.util.spec_from_file_location(f"config_{hashlib.md5(path.encode()).hexdigest()}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def section_block(cls) -> ml_collections.ConfigDict:
