@@ -7,10 +7,18 @@ After each test module, jax's compilation caches are cleared: a worker of
 program it keeps alive holds about three memory mappings. Without the clearing
 a worker reached 65,378 mappings (vm.max_map_count is 65,530) and segfaulted
 inside the next compile.
+
+The suite shares one persistent XLA compilation cache, made fresh for each
+run (the workers of `pytest -n 2` and the subprocesses the tests start
+inherit its path): many tests compile the same tiny model's programs, and
+a program compiled once is loaded from disk after that. It cut a sample of
+the suite (the smoke configs and the packed update) from 351 s to 298 s.
 """
 
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -18,6 +26,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+
+# The run's cache is made by the process pytest was started in (not a worker), before the workers start.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
+  _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrl_llm_test_xla_cache_")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 import jax  # noqa: E402
 
@@ -35,3 +49,8 @@ def _release_compiled_programs():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE:
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)

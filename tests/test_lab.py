@@ -1,7 +1,7 @@
 """The method lab (python -m jaxrl_llm.lab): the grid's runs, resume after a kill, failures,
 the shared warm start, results against the cells' own files, plots, and bad input.
 
-One 2 methods x 2 mismatches x 2 seeds grid of a tiny model is run once for the module
+One 2 methods x 1 mismatch x 2 seeds grid of a tiny model is run once for the module
 (killed after its first finished cell and rerun); the tests read it. The runs are
 subprocesses of the CLI on one CPU device (the fake 8-device mesh of conftest.py is
 for in-process tests; here it would only slow each run down).
@@ -21,7 +21,7 @@ import pytest
 
 from jaxrl_llm.lab import grid, results, runner
 
-METHODS, MISMATCHES, SEEDS, STEPS = "grpo,token_tis", "none,int4", "2", 4
+METHODS, MISMATCHES, SEEDS, STEPS = "grpo,token_tis", "int4", "2", 4
 TINY_BASE = textwrap.dedent("""
     from jaxrl_llm.training.defaults import get_config as _base
 
@@ -63,6 +63,10 @@ def _sweeps(out):
       runs.append([])
     runs[-1].append(e)
   return runs
+
+
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("test_lab")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +121,7 @@ def _cell_files(out, name):
 def test_kill_mid_grid_then_rerun_runs_only_the_missing_cells(grid_dir, base_file):
   out, res = grid_dir["out"], grid_dir["results"]
   names = {c["name"] for c in res["cells"]}
-  assert len(names) == 8 and res["counts"] == {"done": 8, "failed": 0, "missing": 0}
+  assert len(names) == 4 and res["counts"] == {"done": 4, "failed": 0, "missing": 0}
   first, second = _sweeps(out)
   started_again = {e["run"] for e in second if e["event"] == "start"}
   # Everything not finished before the kill ran again, and nothing that had finished.
@@ -131,7 +135,7 @@ def test_kill_mid_grid_then_rerun_runs_only_the_missing_cells(grid_dir, base_fil
   # A third run of the same command finds nothing to do.
   again = subprocess.run(_lab_argv(out, base_file), env=_env(), capture_output=True, text=True, timeout=300)
   assert again.returncode == 0, again.stderr
-  assert "0 to run, 10 already recorded" in again.stdout
+  assert "0 to run, 6 already recorded" in again.stdout
   assert not [e for e in _sweeps(out)[-1] if e["event"] == "start"]
 
 
@@ -177,7 +181,7 @@ def test_every_cell_starts_from_its_seeds_warm_start(grid_dir):
     fingerprint = runner.checkpoint_fingerprint(wd)  # its params, unchanged by the cells
     assert res["warm_starts"][f"s{seed}"]["fingerprint"] == fingerprint
     cells = [c for c in res["cells"] if c["seed"] == seed]
-    assert len(cells) == 4
+    assert len(cells) == 2
     for c in cells:
       assert c["warm_start"] == {"run": f"warm_start/s{seed}", "fingerprint": fingerprint}
       # The same params, greedy on the same held-out set: the same start accuracy as the warm start's.
@@ -193,8 +197,8 @@ def test_plots_exist_and_are_not_blank(grid_dir):
   import matplotlib.image as mpimg
 
   out = grid_dir["out"]
-  paths = [os.path.join(out, "heatmap.png")] + [os.path.join(out, f"curves_{x}.png") for x in ("none", "int4")]
-  assert sorted(grid_dir["results"]["plots"]["curves"]) == ["curves_int4.png", "curves_none.png"]
+  paths = [os.path.join(out, "heatmap.png")] + [os.path.join(out, "curves_int4.png")]
+  assert sorted(grid_dir["results"]["plots"]["curves"]) == ["curves_int4.png"]
   for p in paths:
     img = mpimg.imread(p)[..., :3]
     assert img.shape[0] > 200 and img.shape[1] > 300
@@ -206,22 +210,22 @@ def test_plots_exist_and_are_not_blank(grid_dir):
 def test_a_failing_cell_is_recorded_and_the_others_finish(grid_dir, base_file, tmp_path):
   out = str(tmp_path / "sweep")
   shutil.copytree(grid_dir["out"], out)  # the warm start and the finished cells are reused
-  argv = _lab_argv(out, base_file, methods="grpo@eps_low=-1,grpo", mismatches="none,bf16", seeds="1")
+  argv = _lab_argv(out, base_file, methods="grpo@eps_low=-1,grpo", mismatches="int4,bf16", seeds="1")
   proc = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
   with open(os.path.join(out, "results.json")) as f:
     res = json.load(f)
   status = {c["name"]: c for c in res["cells"]}
   assert {n: c["status"] for n, c in status.items()} == {
-      "grpo__none__s0": "done", "grpo@eps_low=-1__none__s0": "failed",
+      "grpo__int4__s0": "done", "grpo@eps_low=-1__int4__s0": "failed",
       "grpo__bf16__s0": "done", "grpo@eps_low=-1__bf16__s0": "failed"}
-  for name in ("grpo@eps_low=-1__none__s0", "grpo@eps_low=-1__bf16__s0"):
+  for name in ("grpo@eps_low=-1__int4__s0", "grpo@eps_low=-1__bf16__s0"):
     assert status[name]["returncode"] == 2
     assert status[name]["error"].startswith("error: config.objective: ObjectiveConfig.eps_low=-1.0 is invalid")
   started = [e["run"] for e in _sweeps(out)[-1] if e["event"] == "start"]
-  # Only the new cells ran (the copied warm start and grpo/none were reused), and grpo/bf16 ran after the
+  # Only the new cells ran (the copied warm start and grpo/int4 were reused), and grpo/bf16 ran after the
   # two failures (two runs at a time: the failing ones first, in grid order).
-  assert started == ["grpo@eps_low=-1__none__s0", "grpo@eps_low=-1__bf16__s0", "grpo__bf16__s0"]
+  assert started == ["grpo@eps_low=-1__int4__s0", "grpo@eps_low=-1__bf16__s0", "grpo__bf16__s0"]
   ended = [e["run"] for e in _sweeps(out)[-1] if e["event"] in ("done", "failed")]
   assert ended[-1] == "grpo__bf16__s0" and status["grpo__bf16__s0"]["numbers"]["rl_steps"] == STEPS
   md = open(os.path.join(out, "results.md")).read()

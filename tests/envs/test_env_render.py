@@ -27,6 +27,10 @@ SYSTEM = {"role": "system", "content": "You can use a calculator."}
 USER = {"role": "user", "content": "Mia has 7 apples. She gets 5 more. How many apples does Mia have now?"}
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("envs.test_env_render")
+
+
 @pytest.fixture(scope="module")
 def smollm2(smollm2_tokenizer_dir):
   """(our tokenizer, transformers' tokenizer) of SmolLM2-135M-Instruct."""

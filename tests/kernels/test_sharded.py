@@ -30,6 +30,10 @@ IMPLS = [pytest.param(dict(impl="xla_chunked", tiles=TILES), id="xla_chunked"),
 DTYPES = [pytest.param(jnp.float32, id="f32"), pytest.param(jnp.bfloat16, id="bf16")]
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("kernels.test_sharded")
+
+
 @pytest.fixture(scope="module")
 def sharding():
   return VocabSharding(make_mesh(MeshConfig(data=2, fsdp=1, tensor=4)))

@@ -56,6 +56,10 @@ def _build(path, seed=1):
   return model
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("model.test_gemma3")
+
+
 @pytest.fixture(scope="module")
 def gemma_dir(tmp_path_factory):
   """The tiny checkpoint's directory (config.json + model.safetensors, f32)."""

@@ -31,6 +31,10 @@ TEXTS = ["the quick brown fox", "  in the  end, 12 + 3 = 15\n\nthe", "héllo wö
          "<b>bold</b>\n\ttab  two  spaces", "", " ", "\n\n\n", "theretoin onre ererer"]
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("model.test_gguf_convert")
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
   """arch -> (gguf file, transformers model written into it, our HF directory)."""

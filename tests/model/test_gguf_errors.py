@@ -15,6 +15,10 @@ from jaxrl_llm.model.gguf_io import gguf_to_hf
 from gguf_fixtures import gguf_tensors, random_blocks, tiny_hf_model, bpe_vocab, write_gguf
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("model.test_gguf_errors")
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
   """(tensors, config) of a tiny llama model and a good file of it."""

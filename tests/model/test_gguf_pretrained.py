@@ -64,6 +64,10 @@ def logit_tolerance(n_layers: int, max_abs_logit: float) -> float:
   return TOL_K * EPS_F32 * float(np.sqrt(n_layers)) * max_abs_logit
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("model.test_gguf_pretrained")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
   """transformers on one thread: with two on these two shared cores its generate ran 15x slower

@@ -19,6 +19,10 @@ TEMPLATE = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("model.test_tokenizer")
+
+
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
   path = tmp_path_factory.mktemp("tok")

@@ -170,6 +170,10 @@ def test_a_separable_set_is_learned_and_exports_to_transformers(tmp_path):
 
 # ---- the PRM in the RL step -------------------------------------------------------------------------
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("reward_model.test_process_rm")
+
+
 @pytest.fixture(scope="module")
 def prm_dir(tmp_path_factory):
   """A process reward model trained for a few steps on the built-in chained sums (its scores vary)."""

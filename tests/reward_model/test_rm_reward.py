@@ -29,6 +29,10 @@ def rlhf_config(reward_model: str, **overrides):
                                                                     **overrides}))
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("reward_model.test_rm_reward")
+
+
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
   """A reward model trained for a few steps (its scores differ between responses: that is enough)."""

@@ -17,6 +17,10 @@ CONTEXTS = [[5, 9, 2, 33, 17, 8], [41, 3], [7, 7, 19, 25], [11], [30, 31], [4, 4
 R = 12
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("sampling.test_sample_turns")
+
+
 @pytest.fixture(scope="module")
 def free_turns():
   """The model, and one unconstrained turn of R tokens per context (no EOS, no stop)."""

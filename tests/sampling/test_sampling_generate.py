@@ -17,6 +17,10 @@ PROMPTS = [[5, 9, 2, 33, 17, 8], [41, 3], [7, 7, 19, 25], [11]]
 R = 7
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("sampling.test_sampling_generate")
+
+
 @pytest.fixture(scope="module")
 def model():
   return tiny_model()

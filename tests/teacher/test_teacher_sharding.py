@@ -19,6 +19,10 @@ TEACHER = model_lib.ModelConfig.tiny(V, d_model=48, n_layers=2, n_heads=4, n_kv_
                                      tie_embeddings=False)
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("teacher.test_teacher_sharding")
+
+
 @pytest.fixture(scope="module")
 def mesh():
   return make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))

@@ -21,7 +21,8 @@ except ImportError:
   pytest.skip('libtpu is not installed: pip install -e ".[tpu-aot]" (compile-only TPU checks)',
               allow_module_level=True)
 
-pytestmark = pytest.mark.slow  # compiles (module docstring)
+# slow: compiles (module docstring); one worker: _default_plan() is compiled once for the tests that read it.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tpu.test_compile_plan")]
 
 import functools  # noqa: E402
 import json  # noqa: E402

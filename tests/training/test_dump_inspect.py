@@ -49,6 +49,10 @@ def _one_step(name, workdir, **overrides):
   return tr, state, metrics
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("training.test_dump_inspect")
+
+
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
   out = {}

@@ -36,6 +36,10 @@ TOK = CharTokenizer()
 LIMITS = ToolLimits(timeout_s=1.0, cpu_s=1.0, memory_mb=512, output_chars=4096, file_mb=1)
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("training.test_episodes")
+
+
 @pytest.fixture(scope="module")
 def pool():
   with ToolPool(2, LIMITS) as p:

@@ -25,6 +25,10 @@ RUNS = {
 }
 
 
+# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("training.test_metric_names")
+
+
 @pytest.fixture(scope="module")
 def written_names(tmp_path_factory) -> set[str]:
   names = set()
