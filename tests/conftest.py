@@ -12,7 +12,8 @@ The suite shares one persistent XLA compilation cache, made fresh for each
 run (the workers of `pytest -n 2` and the subprocesses the tests start
 inherit its path): many tests compile the same tiny model's programs, and
 a program compiled once is loaded from disk after that. It cut a sample of
-the suite (the smoke configs and the packed update) from 351 s to 298 s.
+the suite (the smoke configs and the packed update, `-n 2`, load 3.1-3.2)
+from 351 s to 298 s.
 """
 
 import gc
