@@ -18,6 +18,8 @@ from jaxrl_llm.model.gguf_io import resolve_model_path
 from jaxrl_llm.model.sharding import MeshConfig
 from jaxrl_llm.tasks.arithmetic import OPS
 
+PAIR_TASKS = ("arithmetic", "word_problems")  # data.task: the built-in pairs' problems (reward_model/data.py)
+
 
 @dataclasses.dataclass(frozen=True)
 class PreferenceDataConfig:
@@ -28,6 +30,8 @@ class PreferenceDataConfig:
   max_len: int
   n_train: int
   n_eval: int
+  task: str
+  max_number: int
   digits: int
   digits2: int
   ops: str
@@ -46,6 +50,8 @@ class PreferenceDataConfig:
     check_int("config.data.max_len", self.max_len, 0)
     check_int("config.data.n_train", self.n_train, 1)
     check_int("config.data.n_eval", self.n_eval, 1)
+    check_choice("config.data.task", self.task, PAIR_TASKS)
+    check_int("config.data.max_number", self.max_number, 3, 1000)
     check_int("config.data.digits", self.digits, 1, 9)
     check_int("config.data.digits2", self.digits2, 0, 9)
     if not self.ops or any(o not in OPS for o in self.ops):
@@ -141,6 +147,9 @@ class RewardModelConfig:
       raise bad("config.name", self.name, "a non-empty string")
     check_choice("config.objective", self.objective, OBJECTIVES)
     check_int("config.seed", self.seed, 0)
+    if self.process and self.data.task != "arithmetic":
+      raise bad("config.data.task", self.data.task, "'arithmetic' with config.objective='process' (the built-in "
+                "stepwise rows are chained sums)")
     if self.process:
       for field, value in (("train.margin", self.train.margin), ("train.center_coef", self.train.center_coef)):
         if value:

@@ -19,12 +19,15 @@ The held-out split is `data.eval_path`, or the rows whose prompt (chosen
 response when the prompt is implicit) hashes into `data.eval_fraction`
 (tasks/split.py): every pair of one prompt is on one side.
 
-The built-in set (`arithmetic_pairs`) is the arithmetic task's problems
-with a known gold reward: chosen is the correct answer, rejected a wrong one
-(a carry error, the policy's systematic mistake: `wrong_answer`);
-`data.label_noise` swaps that share of the training pairs (seeded). The
-held-out pairs are never swapped, so held-out accuracy is agreement with
-the gold reward.
+The built-in sets are a task's problems with a known gold reward: chosen is
+the correct answer, rejected a wrong one. `arithmetic_pairs` (data.task =
+arithmetic): the wrong answer is a carry error, the policy's systematic
+mistake (`wrong_answer`). `word_problem_pairs` (data.task = word_problems,
+the SmolLM2 example's task): the wrong answer is the right operands under
+another operation (`wrong_operation`), the mistake a small model makes when
+it misreads the story. `data.label_noise` swaps that share of the training
+pairs (seeded). The held-out pairs are never swapped, so held-out accuracy is
+agreement with the gold reward.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +44,7 @@ import numpy as np
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.tasks.arithmetic import ArithmeticTask, carry_free_sum
+from jaxrl_llm.tasks.word_problems import WordProblemTask
 from jaxrl_llm.tasks.files import read_rows
 from jaxrl_llm.tasks.pipeline import prompt_text
 from jaxrl_llm.tasks.split import SPLITS, check_split, in_eval_split
@@ -198,6 +203,33 @@ def arithmetic_pairs(split: str, n: int, *, digits: int, digits2: int, ops: str,
     chosen, rejected = (wrong, ex.answer) if swap else (ex.answer, wrong)
     pairs.append(PreferencePair(prompt=ex.prompt, chosen=chosen, rejected=rejected, where="built-in arithmetic",
                                 swapped=swap))
+  return pairs
+
+
+def wrong_operation(prompt: str, answer: str, rng: np.random.Generator) -> str:
+  """A wrong answer to a word problem: its two numbers (in the order the story gives them) under
+  another of +, -, *, // than the one it asks for, drawn by `rng` among those that are non-negative
+  integers different from `answer`; answer + 1 where none is."""
+  a, b = (int(x) for x in re.findall(r"\d+", prompt)[-2:])
+  value = int(answer)
+  others = sorted({a + b, a - b, a * b, a // b if b and a % b == 0 else -1} - {value})
+  others = [x for x in others if x >= 0]
+  return str(others[int(rng.integers(len(others)))] if others else value + 1)
+
+
+def word_problem_pairs(split: str, n: int, *, max_number: int, seed: int, eval_fraction: float,
+                       label_noise: float) -> list[PreferencePair]:
+  """`n` pairs of the word-problem task's `split` (tasks/word_problems.py, the instruction format; eval: each
+  held-out problem at most once, never swapped): chosen the answer, rejected `wrong_operation`."""
+  task = WordProblemTask(max_number=max_number, seed=seed, eval_fraction=eval_fraction)
+  rng = np.random.default_rng([seed, SPLITS.index(split), 31])
+  pairs = []
+  for ex in task.examples(split, n):
+    wrong = wrong_operation(ex.prompt, ex.answer, rng)
+    swap = split == "train" and rng.random() < label_noise
+    chosen, rejected = (wrong, ex.answer) if swap else (ex.answer, wrong)
+    pairs.append(PreferencePair(prompt=ex.prompt, chosen=chosen, rejected=rejected,
+                                where="built-in word_problems", swapped=swap))
   return pairs
 
 

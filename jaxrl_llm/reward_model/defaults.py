@@ -35,9 +35,11 @@ def reward_model_config() -> ml_collections.ConfigDict:
   c.data.max_len = 0  # tokens per sequence (prompt + response + EOS), right-padded; longer ones are an error; 0: the longest, rounded up to a multiple of 8
   c.data.n_train = 4000  # built-in: training pairs (the training problems in reshuffled passes; label noise is drawn per pair)
   c.data.n_eval = 256  # built-in: held-out pairs, at most one per held-out problem
-  c.data.digits = 2  # built-in: first operand size in decimal digits
-  c.data.digits2 = 1  # built-in: second operand size in decimal digits; 0: same as data.digits
-  c.data.ops = "+"  # built-in: operators drawn, a subset of "+-*"
+  c.data.task = "arithmetic"  # built-in pairs: arithmetic (a carry error rejected) | word_problems (the SmolLM2 example's task; another operation's result rejected)
+  c.data.max_number = 20  # built-in, data.task=word_problems: operands drawn from [2, max_number]
+  c.data.digits = 2  # built-in, data.task=arithmetic: first operand size in decimal digits
+  c.data.digits2 = 1  # built-in, data.task=arithmetic: second operand size in decimal digits; 0: same as data.digits
+  c.data.ops = "+"  # built-in, data.task=arithmetic: operators drawn, a subset of "+-*"
   c.data.n_terms = 3  # built-in, objective=process: summands per chained sum (tasks/chain.py; data.digits is their size)
   c.data.step_separator = "\n"  # objective=process: the text closing every step; its last token carries the step's label (TRL's step_separator)
   c.data.label_noise = 0.0  # built-in: share of training pairs whose chosen and rejected are swapped (process: of step labels flipped; seeded); held-out rows never are

@@ -87,10 +87,12 @@ def preference_data(cfg: RewardModelConfig) -> RewardData:
   d = cfg.data
   tokenizer = _tokenizer(cfg)
   if cfg.builtin:
-    kw = dict(digits=d.digits, digits2=d.digits2, ops=d.ops, seed=cfg.seed, eval_fraction=d.eval_fraction,
-              label_noise=d.label_noise)
-    train_pairs = data_lib.arithmetic_pairs("train", d.n_train, **kw)
-    eval_pairs = data_lib.arithmetic_pairs("eval", d.n_eval, **kw)
+    kw = dict(seed=cfg.seed, eval_fraction=d.eval_fraction, label_noise=d.label_noise)
+    if d.task == "word_problems":
+      pairs = functools.partial(data_lib.word_problem_pairs, max_number=d.max_number, **kw)
+    else:
+      pairs = functools.partial(data_lib.arithmetic_pairs, digits=d.digits, digits2=d.digits2, ops=d.ops, **kw)
+    train_pairs, eval_pairs = pairs("train", d.n_train), pairs("eval", d.n_eval)
   else:
     kw = dict(seed=cfg.seed, eval_fraction=d.eval_fraction)
     train_pairs = data_lib.file_pairs(d.path, d.eval_path, "train", **kw)

@@ -3,6 +3,7 @@ split; the built-in arithmetic pairs and their label noise; how a pair becomes t
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -136,6 +137,33 @@ def test_wrong_answers_of_each_operator():
   assert data_lib.wrong_answer("52-7=", "45") == "55"  # a forgotten borrow
   assert data_lib.wrong_answer("12*3=", "36") == "48"  # one multiplicand too many
   assert data_lib.wrong_answer("0*7=", "0") == "10"
+
+
+def test_word_problem_pairs_follow_the_verifier():
+  """data.task=word_problems: chosen is what the task's verifier accepts, rejected the story's two
+  numbers under another operation, which the verifier refuses; held-out problems are the task's."""
+  from jaxrl_llm.tasks.word_problems import WordProblemTask
+
+  kw = dict(max_number=10, seed=0, eval_fraction=0.2)
+  task = WordProblemTask(**kw)
+  answers = {ex.prompt: ex.answer for ex in task.examples("train", 400)}
+  pairs = data_lib.word_problem_pairs("train", 400, label_noise=0.0, **kw)
+  assert [p.prompt for p in pairs] == [ex.prompt for ex in task.examples("train", 400)]
+  for p in pairs:
+    a, b = (int(x) for x in re.findall(r"\d+", p.prompt)[-2:])
+    assert task.reward_fn(p.prompt, p.chosen, answers[p.prompt]) == 1.0
+    assert task.reward_fn(p.prompt, p.rejected, answers[p.prompt]) == 0.0
+    assert int(p.rejected) in {a + b, a - b, a * b, a // b} - {int(p.chosen)} or int(p.rejected) == int(p.chosen) + 1
+  noisy = data_lib.word_problem_pairs("train", 400, label_noise=0.5, **kw)
+  assert 0.4 < np.mean([p.swapped for p in noisy]) < 0.6
+  held = data_lib.word_problem_pairs("eval", 100, label_noise=0.5, **kw)
+  assert not any(p.swapped for p in held) and not {p.prompt for p in held} & set(answers)
+  assert data_lib.wrong_operation("Ava has 2 cards. She gets 2 more.", "4", np.random.default_rng(0)) in ("0", "1")
+  with pytest.raises(ConfigError, match=r"config.data.task='poems' is invalid"):
+    _config(**{"data.task": "poems"})
+  with pytest.raises(ConfigError, match=r"config.data.task='word_problems' is invalid: 'arithmetic' with "
+                                        r"config.objective='process'"):
+    _config(**{"data.task": "word_problems", "objective": "process"})
 
 
 def _config(**settings):

