@@ -190,20 +190,26 @@ def _operands(prompt: str) -> tuple[int, str, int]:
   raise ValueError(f"not an arithmetic prompt: {prompt!r}")
 
 
-def arithmetic_pairs(split: str, n: int, *, digits: int, digits2: int, ops: str, seed: int,
-                     eval_fraction: float, label_noise: float) -> list[PreferencePair]:
-  """`n` pairs of the arithmetic task's `split` (eval: each held-out problem at most once, never swapped)."""
-  task = ArithmeticTask(digits=digits, digits2=digits2, ops=ops, seed=seed, eval_fraction=eval_fraction)
-  examples = task.examples(split, n)
-  rng = np.random.default_rng([seed, SPLITS.index(split), 29])  # a stream of its own: the task's draws stay as they are
+def _task_pairs(task, split: str, n: int, wrong, rng: np.random.Generator, label_noise: float) -> list[PreferencePair]:
+  """`n` pairs of `task`'s `split`: chosen the answer, rejected `wrong(prompt, answer, rng)`; in the
+  training split each pair swapped with probability `label_noise` (eval: each held-out problem at most
+  once, never swapped)."""
   pairs = []
-  for ex in examples:
-    wrong = wrong_answer(ex.prompt, ex.answer)
+  for ex in task.examples(split, n):
+    bad_answer = wrong(ex.prompt, ex.answer, rng)
     swap = split == "train" and rng.random() < label_noise
-    chosen, rejected = (wrong, ex.answer) if swap else (ex.answer, wrong)
-    pairs.append(PreferencePair(prompt=ex.prompt, chosen=chosen, rejected=rejected, where="built-in arithmetic",
+    chosen, rejected = (bad_answer, ex.answer) if swap else (ex.answer, bad_answer)
+    pairs.append(PreferencePair(prompt=ex.prompt, chosen=chosen, rejected=rejected, where=f"built-in {task.name}",
                                 swapped=swap))
   return pairs
+
+
+def arithmetic_pairs(split: str, n: int, *, digits: int, digits2: int, ops: str, seed: int,
+                     eval_fraction: float, label_noise: float) -> list[PreferencePair]:
+  """`n` pairs of the arithmetic task's `split`, rejected a carry error (`wrong_answer`)."""
+  task = ArithmeticTask(digits=digits, digits2=digits2, ops=ops, seed=seed, eval_fraction=eval_fraction)
+  rng = np.random.default_rng([seed, SPLITS.index(split), 29])  # a stream of its own: the task's draws stay as they are
+  return _task_pairs(task, split, n, lambda prompt, answer, _: wrong_answer(prompt, answer), rng, label_noise)
 
 
 def wrong_operation(prompt: str, answer: str, rng: np.random.Generator) -> str:
@@ -219,18 +225,11 @@ def wrong_operation(prompt: str, answer: str, rng: np.random.Generator) -> str:
 
 def word_problem_pairs(split: str, n: int, *, max_number: int, seed: int, eval_fraction: float,
                        label_noise: float) -> list[PreferencePair]:
-  """`n` pairs of the word-problem task's `split` (tasks/word_problems.py, the instruction format; eval: each
-  held-out problem at most once, never swapped): chosen the answer, rejected `wrong_operation`."""
+  """`n` pairs of the word-problem task's `split` (tasks/word_problems.py, the instruction format),
+  rejected another operation's result (`wrong_operation`)."""
   task = WordProblemTask(max_number=max_number, seed=seed, eval_fraction=eval_fraction)
   rng = np.random.default_rng([seed, SPLITS.index(split), 31])
-  pairs = []
-  for ex in task.examples(split, n):
-    wrong = wrong_operation(ex.prompt, ex.answer, rng)
-    swap = split == "train" and rng.random() < label_noise
-    chosen, rejected = (wrong, ex.answer) if swap else (ex.answer, wrong)
-    pairs.append(PreferencePair(prompt=ex.prompt, chosen=chosen, rejected=rejected,
-                                where="built-in word_problems", swapped=swap))
-  return pairs
+  return _task_pairs(task, split, n, wrong_operation, rng, label_noise)
 
 
 # ---- tokens ---------------------------------------------------------------------------
