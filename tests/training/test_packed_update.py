@@ -1,5 +1,6 @@
 """train.pack: the update's and the recompute's rows packed end to end in buffers (model/packing.py,
-training/pack.py) give the padded computation's loss, gradients and log-probs.
+training/pack.py) give the padded computation's loss, gradients and log-probs; and the padded update
+with each group's prompt shared (train.share_prompt) gives the update of each row on its own.
 
 The reference is the padded update on the same mini-batch (each row [prompt | response] on its own,
 or each group as one sequence with its prompt shared): the parameter change under SGD (which is
@@ -62,11 +63,18 @@ def _check_packed_update(preset, group):
   batch, aux = _batch(obj, params)
   use_value = preset == "ppo"
   d_ref, m_ref = _update(obj, params, batch, aux, use_value, group)
+  if group > 1:  # the padded shared-prompt reference is itself the unshared update (each row on its own)
+    d_rows, m_rows = _update(obj, params, batch, aux, use_value, 1)
+    _assert_same_update(d_ref, m_ref, d_rows, m_rows)
   policy = PackPolicy(model_cfg=CFG, mode="on", group=group)
   packing = policy.plan(batch.prompt_mask_BP, batch.attend_BR, chunks=N_MICRO)
   units = B // N_MICRO // group
   assert packing.src_nS.shape[0] < N_MICRO * units  # fewer buffers than units: the rows really pack
   d, m = _update(obj, params, batch.replace(packing=packing), aux, use_value, group)
+  _assert_same_update(d, m, d_ref, m_ref)
+
+
+def _assert_same_update(d, m, d_ref, m_ref):
   scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(d_ref))
   assert scale > 1e-4  # a real update
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5 * scale), d, d_ref)
@@ -76,7 +84,7 @@ def _check_packed_update(preset, group):
 
 @pytest.mark.parametrize("preset", ["grpo_kl", "dr_grpo", "gspo", "geo_mis", "score_centering", "trm", "ppo"])
 def test_packed_update_equals_the_padded_update(preset):
-  """Groups sharing their prompt, packed. Each aggregation mode, level and extra term at least once, in
+  """Groups sharing their prompt, padded, equal each row on its own; packed, they equal the padded. Each aggregation mode, level and extra term at least once, in
   as few compiled updates as cover them: seq_mean_token_mean with a KL-to-reference loss term
   (grpo_kl), constant (dr_grpo), seq_mean_token_sum with Score Centering (score_centering) and with
   TRM's token KL (trm), token_mean with PPO's value head (ppo); token, sequence (gspo) and geometric
