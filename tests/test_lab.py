@@ -19,6 +19,8 @@ import time
 import numpy as np
 import pytest
 
+from run_helpers import ONE_DEVICE_XLA_FLAGS
+
 from jaxrl_llm.lab import grid, results, runner
 
 METHODS, MISMATCHES, SEEDS, STEPS = "grpo,token_tis", "int4", "2", 4
@@ -39,7 +41,7 @@ TINY_BASE = textwrap.dedent("""
 
 def _env():
   env = dict(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  env["XLA_FLAGS"] = ONE_DEVICE_XLA_FLAGS
   env["JAX_PLATFORMS"] = "cpu"
   return env
 

@@ -35,7 +35,7 @@ def flat_params(checkpoint) -> dict:
 def test_workdir_from_before_nnx_resumes_and_ends_where_that_version_ended(tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(FIXTURE, workdir, ignore=shutil.ignore_patterns("params_step4.npz"))
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=ONE_DEVICE_XLA_FLAGS)
   cmd = [sys.executable, "-m", "jaxrl_llm.train", "--config=configs/gspo.py",
          *config_flags({**WARM_TINY_RUN, "train.steps": 4}), f"--workdir={workdir}"]
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

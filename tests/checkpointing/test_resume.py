@@ -17,6 +17,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from run_helpers import ONE_DEVICE_XLA_FLAGS
+
 from jaxrl_llm.training.tiny import WARM_TINY_RUN, config_flags
 
 STEPS = 4
@@ -32,7 +34,7 @@ def env(cache_dir):
   # Later processes reuse the first one's compiled programs (same programs,
   # same results; it only saves compile time).
   e.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-           JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+           JAX_PLATFORMS="cpu", XLA_FLAGS=ONE_DEVICE_XLA_FLAGS)
   return e
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from run_helpers import REPO, load_config, make_trainer, shrink
+from run_helpers import ONE_DEVICE_XLA_FLAGS, REPO, load_config, make_trainer, shrink
 from jaxrl_llm import faults
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checks import ConfigError
@@ -361,7 +361,7 @@ def test_the_overlap_key_is_validated_and_round_trips():
 
 
 def _train_cli(tmp_path, *args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=ONE_DEVICE_XLA_FLAGS)
   return subprocess.run([sys.executable, "-m", "jaxrl_llm.train", *args, f"--workdir={tmp_path / 'run'}"],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from run_helpers import REPO, load_config, make_trainer, shrink
+from run_helpers import ONE_DEVICE_XLA_FLAGS, REPO, load_config, make_trainer, shrink
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.rundir.metrics import read_metrics
 from jaxrl_llm.training.config import from_config_dict
@@ -22,7 +22,7 @@ TINY = config_flags({**TINY_MODEL, "sft.steps": 0, "train.steps": 1, "rollout.pr
 
 
 def _cli(*args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=ONE_DEVICE_XLA_FLAGS)
   return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=timeout)
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from run_helpers import REPO, load_config, make_trainer, shrink
+from run_helpers import ONE_DEVICE_XLA_FLAGS, REPO, load_config, make_trainer, shrink
 from jaxrl_llm.model import lora
 from jaxrl_llm.training.config import from_config_dict
 
@@ -68,7 +68,7 @@ def test_qlora_runs_from_the_command_line_and_resumes(tmp_path):
            "--config.log.progress=False", "--config.checkpoint.every_steps=1"] + (
                ["--allow_config_change"] if steps > 1 else [])
     # One CPU device, as a user's laptop run has (the suite's fake 8-device mesh made it 1.4x slower).
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=ONE_DEVICE_XLA_FLAGS)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
