@@ -21,6 +21,7 @@ import sys
 import numpy as np
 import orbax.checkpoint as ocp
 
+from run_helpers import ONE_DEVICE_XLA_FLAGS
 from jaxrl_llm.training.tiny import WARM_TINY_RUN, config_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
