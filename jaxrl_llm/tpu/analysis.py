@@ -48,7 +48,7 @@ def _group_size(line: str, n_devices: int) -> int:
 
 def collectives(hlo: str, n_devices: int) -> list[dict]:
   """The collectives of an optimised HLO module: kind, result bytes, group size, bytes moved per chip."""
-  out = []
+  out, chains = [], set()
   for line in hlo.splitlines():
     m = _OP.search(line)
     if not m or "-done(" in line:
@@ -57,6 +57,14 @@ def collectives(hlo: str, n_devices: int) -> list[dict]:
     sizes = _array_bytes(m.group(1))  # an async start's tuple holds operand and result: the largest
     if not sizes:
       continue
+    # XLA:TPU splits a collective it overlaps with compute into a chain of async collective fusions
+    # (one chain_id), each link moving one piece but naming the whole result: the chain is one collective.
+    chain = re.search(r'chain_id="(\d+)"', line)
+    if chain:
+      key = (kind, chain.group(1), max(sizes))
+      if key in chains:
+        continue
+      chains.add(key)
     size, n = max(sizes), _group_size(line, n_devices)
     moved = {"all-gather": size * (n - 1) / n, "all-to-all": size * (n - 1) / n,
              "reduce-scatter": min(sizes) * (n - 1), "all-reduce": 2 * size * (n - 1) / n,

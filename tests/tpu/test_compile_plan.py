@@ -95,6 +95,20 @@ def test_collectives_are_read_with_their_bytes():
   assert big["bytes"] == 512 * 1024 and big["moved_bytes"] == 2 * 512 * 1024 * 3 / 4
 
 
+
+def test_a_chain_of_async_collective_fusions_is_one_collective():
+  """XLA:TPU overlaps a gather with compute as a chain of async collective fusions (one chain_id),
+  each naming the whole result (lines of SmolLM2's head gather in a compiled probe): one all-gather,
+  not one per link; another chain, or one without a chain_id, counts on its own."""
+  link = ('  %all-gather.{i} = f32[576,49152]{{1,0:T(8,128)}} all-gather(%param_0.{i}), channel_id=1, '
+          'replica_groups={{{{0,1,2,3,4,5,6,7}}}}, dimensions={{0}}, use_global_device_ids=true, '
+          'frontend_attributes={{chain_id="{c}"}}')
+  plain = "  %all-gather.9 = f32[64,512]{1,0} all-gather(f32[8,512]{1,0} %p), replica_groups={{0,1,2,3,4,5,6,7}}"
+  hlo = "\n".join([link.format(i=i, c=0) for i in range(12)] + [link.format(i=20, c=1), plain])
+  found = analysis.collectives(hlo, 8)
+  assert [c["bytes"] for c in found] == [576 * 49152 * 4, 576 * 49152 * 4, 64 * 512 * 4]
+  assert found[0]["moved_bytes"] == 576 * 49152 * 4 * 7 / 8
+
 # ------------------------------------------------------------ cost probes
 
 
