@@ -130,7 +130,7 @@ def plan(cfg, topology: str, model: str = "", *, probes: bool = True, log=print)
           "prompt_len": shapes.prompt_len, "response_len": shapes.response_len,
           "micro_batch": c.micro_batch_size, "kernels_impl": c.kernels.impl,
           "dtypes": f"params {mc.param_dtype}, compute {mc.compute_dtype}, remat {mc.remat}",
-          "params": sum(int(x.size) for x in jax.tree.leaves(param_shapes(mc)))}
+          "layers": mc.n_layers, "params": sum(int(x.size) for x in jax.tree.leaves(param_shapes(mc)))}
   n = head["params"]
   size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
   log(f"{head['model']}: {size} params; {topo}: {len(devices)} chips "

@@ -202,6 +202,14 @@ def _decode_cost(p: Program, shapes: RunShapes, probe_prefills: dict, chip_devic
   weights = bytes_per_chip(p.params_view(weights) if p.params_view else _in_dtype(weights, scfg.dtype))
   kv_full = bytes_per_chip([full_state.cache.k_BKHS, full_state.cache.v_BKSH])  # at S slots
   total["hbm_roofline_bytes"] = 0.0
+  # Where a step's bytes go, at the shortest and the full cache: the layers' (per layer, from the
+  # probes' difference) and the rest (embedding, head, sampling), beside the KV cache and weights.
+  total["decode_steps"] = [
+      {"slots": length, "bytes": c["bytes"], "per_layer_bytes": two["bytes"] - one["bytes"],
+       "outside_layers_bytes": 2 * one["bytes"] - two["bytes"], "kv_bytes": kv_full * length / S,
+       "weights_bytes": weights}
+      for length, c, one, two in ((lo, at_lo, probes[(1, 1)], probes[(2, 1)]),
+                                  (hi, at_hi, probes[(1, 2)], probes[(2, 2)]))]
   for length, count in steps_at.items():
     frac = (length - lo) / (hi - lo)  # linear in the cache length between the two probes
     c = {k: at_lo[k] + frac * (at_hi[k] - at_lo[k]) for k in at_lo}

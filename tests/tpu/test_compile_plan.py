@@ -179,6 +179,17 @@ def test_default_run_plan():
   layer_w, head_w = forecast._matmul_params(mc)  # pylint: disable=protected-access
   rows, R = shapes.rows, shapes.response_len
   assert by_name["rollout/decode"].cost["flops"] >= (R - 1) * 2 * (layer_w + head_w) * rows / 4
+  # Where a decode step's bytes go, at the shortest and the full cache: the layers and the rest add up
+  # to the step's bytes; each layer reads at least its share of the KV cache (k and v of every row over
+  # the step's slots, in the sampler's dtype: f32 here, split over the 4 chips).
+  lo, hi = by_name["rollout/decode"].cost["decode_steps"]
+  cache_itemsize = jnp.dtype(shapes.cfg.rollout.sampler_dtype).itemsize
+  for d in (lo, hi):
+    assert d["bytes"] == pytest.approx(mc.n_layers * d["per_layer_bytes"] + d["outside_layers_bytes"])
+    kv_layer = 2 * rows * mc.n_kv_heads * mc.head_dim * d["slots"] * cache_itemsize / 4
+    assert d["kv_bytes"] == pytest.approx(mc.n_layers * kv_layer)
+    assert d["per_layer_bytes"] >= kv_layer
+  assert lo["slots"] < hi["slots"]
   assert 0 < step["mfu"] < 1 and step["seconds"] > 0 and step["fits"]
   assert step["seconds"] == pytest.approx(sum(r.calls_per_step * r.seconds["forecast"] for r in reports))
   # JSON and markdown: every program, and the label.
