@@ -46,8 +46,9 @@ def plan_markdown(head: dict, reports: list[ProgramReport], step: dict, chip: Ch
                    "step)")
       for d in r.cost.get("decode_steps", ()):
         lines.append(f"- a step at {d['slots']:,} cache slots: {d['bytes'] / 1e9:.3f} GB per chip, "
-                     f"{head['layers']} layers x {d['per_layer_bytes'] / 1e6:.1f} MB + "
-                     f"{d['outside_layers_bytes'] / 1e6:.1f} MB outside them (embedding, head, sampling); "
+                     f"{head['layers']} layers x {d['per_layer_bytes'] / 1e6:.1f} MB, "
+                     f"{d['outside_layers_bytes'] / 1e6:+.1f} MB outside them (embedding, head, sampling; a "
+                     "line through the 1- and 2-layer probes, which a small program's layout can bend below 0); "
                      f"the KV cache {d['kv_bytes'] / 1e9:.3f} GB and the weights {d['weights_bytes'] / 1e9:.3f} GB")
   secs = step["seconds"]
   lines += ["", f"RL step forecast: **{f'{secs:.2f} s' if secs >= 1 else f'{secs * 1e3:.2f} ms'}**, {step['sampled_tokens_per_s_per_chip']:,.0f} "
