@@ -39,6 +39,9 @@ _MODEL = flags.DEFINE_string("model", "", "a model preset (model/config.py MODEL
 _OUT = flags.DEFINE_string("out", "", "a directory for plan.json and plan.md")
 _NO_FORECAST = flags.DEFINE_bool("fit_only", False, "compile the run's programs only (memory, kernels, "
                                  "collectives), not the cost probes of the forecast")
+_PROGRAMS = flags.DEFINE_string("programs", "", "compile only these programs: names or prefixes, comma-separated "
+                                "(rollout, rollout/decode, recompute, update, ...; a decode loop brings its "
+                                "prefill); the step's forecast then sums only them. Default: every program")
 cli.define_debug_flag()
 
 
@@ -105,8 +108,28 @@ def build_shapes(cfg, model: str, devices):
                    eval_rows=eval_rows)
 
 
-def plan(cfg, topology: str, model: str = "", *, probes: bool = True, log=print):
-  """-> (head, reports, step summary, chip) of `cfg` compiled for `topology`."""
+def select_programs(programs: list, wanted: str) -> list:
+  """The programs named (or prefixed) in the comma-separated `wanted` ("" for all), in run order; a
+  decode loop brings the prefill whose cache it starts from."""
+  from jaxrl_llm.checks import ConfigError
+
+  names = [w.strip().rstrip("/") for w in wanted.split(",") if w.strip()]
+  if not names:
+    return programs
+  hit = lambda p, w: p.name == w or p.name.startswith(w + "/")  # noqa: E731
+  for w in names:
+    if not any(hit(p, w) for p in programs):
+      raise ConfigError(f"--programs={wanted!r}: {w!r} names no program of this run; its programs: "
+                        f"{', '.join(p.name for p in programs)} (or a prefix: rollout, eval)")
+  keep = {id(p) for p in programs if any(hit(p, w) for w in names)}
+  keep |= {id(q) for p in programs if id(p) in keep and p.kind == "decode"
+           for q in programs if q.kind == "prefill" and q.sampling is p.sampling}
+  return [p for p in programs if id(p) in keep]
+
+
+def plan(cfg, topology: str, model: str = "", *, probes: bool = True, programs: str = "", log=print):
+  """-> (head, reports, step summary, chip) of `cfg` compiled for `topology` (`programs`: only those,
+  `select_programs`)."""
   import jax
 
   from jaxrl_llm.checks import ConfigError
@@ -135,7 +158,10 @@ def plan(cfg, topology: str, model: str = "", *, probes: bool = True, log=print)
   size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
   log(f"{head['model']}: {size} params; {topo}: {len(devices)} chips "
       f"({chip.generation}), {head['hosts']} hosts; mesh {head['mesh']}")
-  reports = forecast.forecast_programs(shapes, run_programs(shapes), chip, probes=probes, log=log)
+  chosen = select_programs(run_programs(shapes), programs)
+  if programs:
+    head["programs"] = [p.name for p in chosen]
+  reports = forecast.forecast_programs(shapes, chosen, chip, probes=probes, log=log)
   return head, reports, forecast.step_summary(reports, shapes, chip), chip
 
 
@@ -153,7 +179,8 @@ def main(argv):
                       "type such as v5p-64")
   cfg = from_config_dict(_CONFIG.value)
   t0 = time.time()
-  head, reports, step, chip = plan(cfg, _TOPOLOGY.value, _MODEL.value, probes=not _NO_FORECAST.value)
+  head, reports, step, chip = plan(cfg, _TOPOLOGY.value, _MODEL.value, probes=not _NO_FORECAST.value,
+                                   programs=_PROGRAMS.value)
   head["compile_s"] = round(time.time() - t0, 1)
   md = report.plan_markdown(head, reports, step, chip)
   print(md)

@@ -53,7 +53,9 @@ def plan_markdown(head: dict, reports: list[ProgramReport], step: dict, chip: Ch
   secs = step["seconds"]
   lines += ["", f"RL step forecast: **{f'{secs:.2f} s' if secs >= 1 else f'{secs * 1e3:.2f} ms'}**, {step['sampled_tokens_per_s_per_chip']:,.0f} "
             f"sampled tokens/s/chip, MFU {step['mfu']:.0%} (update alone {step['update_mfu']:.0%}), bound by "
-            f"{step['bounding_stage']}; fits: {'yes' if step['fits'] else 'no'}."]
+            f"{step['bounding_stage']}; fits: {'yes' if step['fits'] else 'no'}."
+            + (f" Only these programs were compiled (--programs): {', '.join(head['programs'])}; the step "
+               "sums them alone." if head.get("programs") else "")]
   return "\n".join(lines)
 
 

@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 from jaxrl_llm import compile as compile_lib  # noqa: E402
 from jaxrl_llm import kernels  # noqa: E402
 from jaxrl_llm.tpu import analysis, forecast, report  # noqa: E402
-from jaxrl_llm.tpu.programs import lower_recompute, lower_update, param_sds  # noqa: E402
+from jaxrl_llm.tpu.programs import lower_recompute, lower_update, param_sds, run_programs  # noqa: E402
 from jaxrl_llm.tpu.topology import topology_devices  # noqa: E402
 from jaxrl_llm.training.config import from_config_dict  # noqa: E402
 from jaxrl_llm.training.defaults import get_config  # noqa: E402
@@ -198,6 +198,23 @@ def test_default_run_plan():
   md = report.plan_markdown(head, reports, step, chip)
   assert all(f"| {name} |" in md for name in by_name) and "RL step forecast" in md
   assert report.misfits(reports, head) == []
+
+
+def test_programs_compiles_only_those_named():
+  """`--programs=rollout/decode` compiles the decode loop and the prefill it starts from, with the same
+  forecast as in the whole plan; the step sums them alone; a name no program has is refused."""
+  from jaxrl_llm.checks import ConfigError
+  head, reports, step, _ = compile_lib.plan(_cfg(), TOPOLOGY, programs="rollout/decode", log=lambda s: None)
+  assert [r.name for r in reports] == ["rollout/prefill", "rollout/decode"] == head["programs"]
+  whole = {r.name: r for r in _default_plan()[1]}
+  for r in reports:
+    assert r.seconds["forecast"] == pytest.approx(whole[r.name].seconds["forecast"], rel=1e-6)
+  assert step["seconds"] == pytest.approx(sum(r.seconds["forecast"] for r in reports))
+  names = [p.name for p in compile_lib.select_programs(run_programs(_shapes()), "eval, update")]
+  assert names == ["update", "eval/prefill", "eval/decode"]
+  with pytest.raises(ConfigError, match=r"--programs='rolout': 'rolout' names no program of this run; its "
+                                        r"programs: rollout/prefill, rollout/decode, recompute"):
+    compile_lib.select_programs(run_programs(_shapes()), "rolout")
 
 
 def test_a_program_that_does_not_fit_is_named_with_what_to_change():
