@@ -73,6 +73,22 @@ def collectives(hlo: str, n_devices: int) -> list[dict]:
   return out
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}  # XLA's HumanReadableNumBytes
+_OUT_OF_HBM = (re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+               re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"))
+
+
+def out_of_hbm(message: str) -> tuple[int, int] | None:
+  """(bytes needed, bytes there) from XLA:TPU's refusal of a program too large for the chip's HBM,
+  or None for any other error."""
+  for pattern in _OUT_OF_HBM:
+    m = pattern.search(message)
+    if m:
+      need, unit, have, have_unit = m.groups()
+      return int(float(need) * _UNITS[unit]), int(float(have) * _UNITS[have_unit])
+  return None
+
+
 def memory(compiled) -> dict:
   """Bytes per chip of the program's buffers (XLA's buffer assignment)."""
   m = compiled.memory_analysis()

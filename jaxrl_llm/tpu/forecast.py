@@ -64,6 +64,7 @@ class ProgramReport:
   compile_s: float  # seconds the full compile took here
   hbm_bytes: int  # the chip's
   hbm_bytes_per_s: float  # the chip's
+  error: str = ""  # why the compiler refused the program (it then has no cost and does not fit)
 
   @property
   def total_bytes(self) -> int:
@@ -71,7 +72,7 @@ class ProgramReport:
 
   @property
   def fits(self) -> bool:
-    return self.total_bytes <= self.hbm_bytes
+    return not self.error and self.total_bytes <= self.hbm_bytes
 
   @property
   def hbm_roofline_ratio(self) -> float | None:
@@ -242,23 +243,36 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
     t0 = time.time()
     log(f"compiling {p.name} ({p.note}) ...")
     view = p.params_view or (lambda x: x)
-    if p.kind == "decode":
-      prefill = full_prefill[p.sampling]
-      state = with_shardings(prefill.out_info, prefill.output_shardings)
-      compiled = lower_decode(shapes, p.sampling, mc, view(params), state).compile()
-    else:
-      compiled = p.lower(mc, view(params), p.loop).compile()
-      if p.kind == "prefill":
-        full_prefill[p.sampling] = compiled
-    compile_s = time.time() - t0
-    hlo = compiled.as_text()
-    mem = analysis.memory(compiled)
     # Held beside the program: the other copies of the params always; the optimizer state except in
     # the programs that take it (update, sft: their own optimizer state is an argument).
     # (The warm start runs before the RL optimizer state and the copies exist: nothing beside it.)
     outside = 0 if p.name == "sft" else copies * copy_bytes + (0 if p.name == "update" else o_bytes)
     if p.params_view is not None:  # the sampler's copy is the argument; the policy's stays beside it
       outside += p_bytes
+    if p.kind == "decode" and p.sampling not in full_prefill:
+      reports.append(_refused(p, "not compiled: its prefill did not compile", 0, outside, chip, 0.0))
+      log(f"  {p.name}: {reports[-1].error}")
+      continue
+    try:
+      if p.kind == "decode":
+        prefill = full_prefill[p.sampling]
+        state = with_shardings(prefill.out_info, prefill.output_shardings)
+        compiled = lower_decode(shapes, p.sampling, mc, view(params), state).compile()
+      else:
+        compiled = p.lower(mc, view(params), p.loop).compile()
+        if p.kind == "prefill":
+          full_prefill[p.sampling] = compiled
+    except jax.errors.JaxRuntimeError as e:
+      # XLA:TPU refuses a program whose temporaries exceed the chip's HBM: a misfit to report, not a crash.
+      oom = analysis.out_of_hbm(str(e))
+      if oom is None:
+        raise
+      reports.append(_refused(p, "XLA:TPU ran out of HBM compiling it", oom[0], outside, chip, time.time() - t0))
+      log(f"  {p.name}: {reports[-1].error} ({oom[0] / 2**30:.2f} GiB of temporaries per chip)")
+      continue
+    compile_s = time.time() - t0
+    hlo = compiled.as_text()
+    mem = analysis.memory(compiled)
     cost = analysis.cost(compiled, n_dev)
     if probes:
       pcfgs = _probe_cfgs(mc)
@@ -293,6 +307,16 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
         f"({bound}), compiled in {compile_s:.0f} s" + (f", {time.time() - t0 - compile_s:.0f} s of probes"
                                                        if probes else ""))
   return reports
+
+
+def _refused(p: Program, why: str, need: int, outside: int, chip: Chip, compile_s: float) -> ProgramReport:
+  """The report of a program the compiler refused: `need` bytes of temporaries per chip, no cost."""
+  mem = {"argument": 0, "output": 0, "temp": need, "alias": 0, "generated_code": 0, "peak": need}
+  zero = {"compute": 0.0, "memory": 0.0, "collectives": 0.0, "forecast": 0.0}
+  return ProgramReport(name=p.name, note=p.note, calls_per_step=p.calls_per_step, memory=mem,
+                       outside_bytes=int(outside), mosaic_kernels=0, collectives={}, cost={}, seconds=zero,
+                       bound="not compiled", model_flops=0.0, compile_s=compile_s, hbm_bytes=chip.hbm_bytes,
+                       hbm_bytes_per_s=chip.hbm_bytes_per_s, error=why)
 
 
 def step_summary(reports: list[ProgramReport], shapes: RunShapes, chip: Chip) -> dict:

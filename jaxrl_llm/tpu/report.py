@@ -65,11 +65,17 @@ def misfits(reports: list[ProgramReport], head: dict) -> list[str]:
   for r in reports:
     if r.fits:
       continue
+    if r.error and not r.memory["peak"]:
+      out.append(f"{r.name} on {head['topology']}: {r.error}")
+      continue
     advice = ("raise mesh.fsdp (params and optimizer state split further)" if r.outside_bytes > r.memory["temp"]
-              else "lower train.micro_batch_size or use model.remat=full" if r.name in ("update", "sft")
+              else "lower sft.batch_size (or skip the warm start: sft.steps=0)" if r.name == "sft"
+              else "lower train.micro_batch_size or use model.remat=full" if r.name == "update"
               else "lower train.micro_batch_size" if r.name == "recompute"
               else "fewer rows per chip (more mesh.data / mesh.fsdp) or a shorter rollout.max_response_len")
-    out.append(f"{r.name} does not fit on {head['topology']}: needs {r.total_bytes / GIB:.2f} GiB per chip "
-               f"({r.memory['peak'] / GIB:.2f} program + {r.outside_bytes / GIB:.2f} held beside it), the chip has "
-               f"{r.hbm_bytes / GIB:.2f} GiB: {advice}, or add mesh.tensor")
+    program = (f"{r.memory['peak'] / GIB:.2f} of temporaries, for which XLA:TPU refused it" if r.error
+               else f"{r.memory['peak'] / GIB:.2f} program")
+    out.append(f"{r.name} does not fit on {head['topology']}: needs {'at least ' if r.error else ''}"
+               f"{r.total_bytes / GIB:.2f} GiB per chip ({program} + {r.outside_bytes / GIB:.2f} held beside it), "
+               f"the chip has {r.hbm_bytes / GIB:.2f} GiB: {advice}, or add mesh.tensor")
   return out

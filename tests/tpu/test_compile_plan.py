@@ -200,6 +200,25 @@ def test_default_run_plan():
   assert report.misfits(reports, head) == []
 
 
+def test_a_program_the_compiler_refuses_is_a_misfit_not_a_crash():
+  """XLA:TPU refuses to compile a program whose temporaries exceed the chip's HBM (the warm start of
+  Qwen3-0.6B at 128 rows of 5,120 tokens on v6e-8 asked for 113 GiB): the plan reports it as not
+  fitting, with the compiler's figure and what to change, and goes on."""
+  head, reports, step, _ = compile_lib.plan(_cfg(**{"sft.batch_size": 1 << 20}), TOPOLOGY, programs="sft",
+                                            log=lambda s: None)
+  (r,) = reports
+  assert r.error == "XLA:TPU ran out of HBM compiling it" and not r.fits and not step["fits"]
+  assert r.memory["temp"] > 100 * 2**30  # the compiler's own figure, far above the chip's 16 GB
+  (line,) = report.misfits(reports, head)
+  assert line.startswith("sft does not fit on v5e:2x2: needs at least ") and "lower sft.batch_size" in line
+  assert analysis.out_of_hbm("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                             "temporaries (113.31G) exceeds available HBM (31.25G).") == (
+                                 int(113.31 * 2**30), int(31.25 * 2**30))
+  assert analysis.out_of_hbm("Ran out of memory in memory space hbm. Used 40.5G of 31.25G hbm.") == (
+      int(40.5 * 2**30), int(31.25 * 2**30))
+  assert analysis.out_of_hbm("Ran out of memory in memory space vmem. Used 17.39M of 16.00M vmem") is None
+
+
 def test_programs_compiles_only_those_named():
   """`--programs=rollout/decode` compiles the decode loop and the prefill it starts from, with the same
   forecast as in the whole plan; the step sums them alone; a name no program has is refused."""
