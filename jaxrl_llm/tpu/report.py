@@ -72,6 +72,8 @@ def misfits(reports: list[ProgramReport], head: dict) -> list[str]:
               else "lower sft.batch_size (or skip the warm start: sft.steps=0)" if r.name == "sft"
               else "lower train.micro_batch_size or use model.remat=full" if r.name == "update"
               else "lower train.micro_batch_size" if r.name == "recompute"
+              else "lower eval.n_examples (the evaluation decodes min(256, eval.n_examples) rows at once)"
+              if r.name.startswith("eval/")
               else "fewer rows per chip (more mesh.data / mesh.fsdp) or a shorter rollout.max_response_len")
     program = (f"{r.memory['peak'] / GIB:.2f} of temporaries, for which XLA:TPU refused it" if r.error
                else f"{r.memory['peak'] / GIB:.2f} program")

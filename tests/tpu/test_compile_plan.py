@@ -242,6 +242,10 @@ def test_a_program_that_does_not_fit_is_named_with_what_to_change():
   (line,) = report.misfits(small, head)
   assert line.startswith("update does not fit on v5e:2x2: needs ") and "the chip has" in line
   assert "micro_batch_size" in line or "mesh.fsdp" in line
+  small = [dataclasses.replace(r, hbm_bytes=r.memory["temp"] // 2, outside_bytes=0) if r.name == "eval/prefill"
+           else r for r in reports]
+  (line,) = report.misfits(small, head)
+  assert line.startswith("eval/prefill does not fit on v5e:2x2: ") and "lower eval.n_examples" in line
 
 
 # ------------------------------------------------------------ bad input
