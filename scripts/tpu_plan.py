@@ -84,8 +84,10 @@ def table(rows: list[dict]) -> str:
     big = max(progs, key=lambda p: p["total_bytes"])
     decode = next((p for p in progs if p["name"] == "rollout/decode"), None)
     ratio = f"{decode['hbm_roofline_ratio']:.2f}x" if decode and decode.get("hbm_roofline_ratio") else ""
+    misfit = [p["name"] for p in progs if not p["fits"]]
+    fits = "yes" if not misfit else "**no**: " + ", ".join(misfit)
     lines.append(
-        f"| {model} | {r['topology']} ({r['chips']}) | {shape} | {r['mesh']} | {'yes' if step['fits'] else '**no**'} "
+        f"| {model} | {r['topology']} ({r['chips']}) | {shape} | {r['mesh']} | {fits} "
         f"| {big['total_bytes'] / 2**30:.1f} ({big['name']}) of {big['hbm_bytes'] / 2**30:.0f} | "
         f"{step['seconds']:.2f} | {step['sampled_tokens_per_s_per_chip']:,.0f} | {step['mfu']:.0%} / "
         f"{step['update_mfu']:.0%} | {ratio} | {step['bounding_stage']} |")
