@@ -44,12 +44,14 @@ def plan_markdown(head: dict, reports: list[ProgramReport], step: dict, chip: Ch
       lines.append(f"\n{r.name}: {r.seconds['forecast'] / max(1, head['response_len'] - 1) * 1e3:.2f} ms per step, "
                    f"{r.hbm_roofline_ratio:.2f}x its HBM roofline (the chip's weights and KV cache read once per "
                    "step)")
-      for d in r.cost.get("decode_steps", ()):
-        lines.append(f"- a step at {d['slots']:,} cache slots: {d['bytes'] / 1e9:.3f} GB per chip, "
-                     f"{head['layers']} layers x {d['per_layer_bytes'] / 1e6:.1f} MB, "
-                     f"{d['outside_layers_bytes'] / 1e6:+.1f} MB outside them (embedding, head, sampling; a "
-                     "line through the 1- and 2-layer probes, which a small program's layout can bend below 0); "
-                     f"the KV cache {d['kv_bytes'] / 1e9:.3f} GB and the weights {d['weights_bytes'] / 1e9:.3f} GB")
+      steps = r.cost.get("decode_steps", ())
+      if steps:
+        lines.append("where a step's bytes go, per chip (outside the layers: embedding, head, sampling, from a "
+                     "line through the 1- and 2-layer probes, which a small program's layout can bend below 0):")
+      for d in steps:
+        lines.append(f"- at {d['slots']:,} cache slots: {d['bytes'] / 1e9:.3f} GB, {head['layers']} layers x "
+                     f"{d['per_layer_bytes'] / 1e6:.1f} MB, {d['outside_layers_bytes'] / 1e6:+.1f} MB outside them; "
+                     f"the KV cache {d['kv_bytes'] / 1e9:.3f} GB, the weights {d['weights_bytes'] / 1e9:.3f} GB")
   secs = step["seconds"]
   lines += ["", f"RL step forecast: **{f'{secs:.2f} s' if secs >= 1 else f'{secs * 1e3:.2f} ms'}**, {step['sampled_tokens_per_s_per_chip']:,.0f} "
             f"sampled tokens/s/chip, MFU {step['mfu']:.0%} (update alone {step['update_mfu']:.0%}), bound by "
