@@ -10,7 +10,11 @@ answers of a prompt in consecutive rows (B = n_prompts * G), and return adv_B:
     reinforce_pp           A_i = (R_i - mean_B) / (std_B + eps)    (global whitening)
     reinforce_pp_baseline  A_i = whiten_B(R_i - mean_g)            (group baseline, then global)
 
-A group of size 1 or with all rewards equal gets A = 0, never NaN. Optional
+A group of size 1 or with all rewards equal gets A = 0, never NaN. Equal means equal up to float
+noise: a group whose std is at most `rtol` times its largest |R| is a zero-variance group
+(`_spread`), since dividing its rounding noise (a float32 mean one ulp off, a recomputed KL term a
+few ulp apart between identical rows) by a std of about 0 plus `eps` would turn it into advantages
+of order one. Optional
 `valid_B` drops filtered answers from every statistic (they get A = 0; a group
 left with one valid answer gets 0). For the global whitening, optional
 `weights_B` (e.g. answer lengths) make the batch mean/std token-weighted, as
@@ -68,20 +72,34 @@ def _std(centred, n, ddof: int):
   return jnp.where(dof > 0, jnp.sqrt(var), 0.0)
 
 
+def _normalised(centred, std, scale, *, eps: float, rtol: float):
+  """centred / (std + eps), and exactly 0 where std <= rtol * scale (rewards equal up to float noise).
+
+  `scale` is the largest |R| the std was taken over: the noise of float32 arithmetic on rewards of
+  that size is a few ulp of it (about 1.2e-7 relative each), so a spread of at most `rtol` of it
+  (ObjectiveConfig.adv_std_rtol, 1e-4 by default: hundreds of ulp) carries no ranking of the
+  answers. A spread above it is normalised as GRPO writes it. rtol=0 turns the test off."""
+  noise = std <= rtol * scale
+  return jnp.where(noise, 0.0, centred / jnp.where(noise, 1.0, std + eps))
+
+
 def group_mean_baseline(rewards_B, group_size: int, *, valid_B=None):
   """Dr. GRPO: R_i - mean(R_group) (docs/objectives.md eq. 6.3)."""
   return _group_stats(rewards_B, group_size, valid_B)[3].reshape(-1)
 
 
-def grpo_advantages(rewards_B, group_size: int, *, ddof: int = 1, eps: float = 1e-6, valid_B=None):
+def grpo_advantages(rewards_B, group_size: int, *, ddof: int = 1, eps: float = 1e-6, rtol: float = 1e-4,
+                    valid_B=None):
   """GRPO: (R_i - mean_g) / (std_g + eps) (docs/objectives.md eq. 6.2).
 
-  Zero-variance and singleton groups give exactly 0 (numerator is 0).
+  Zero-variance and singleton groups give exactly 0, and so does a group whose std is at most
+  `rtol` times its largest |R| (rewards equal up to float noise, `_normalised`).
   """
   if ddof not in (0, 1):
     raise ValueError(f"ddof={ddof!r} is invalid: allowed values are 0 and 1")
-  _, _, n_P1, centred = _group_stats(rewards_B, group_size, valid_B)
-  return (centred / (_std(centred, n_P1, ddof) + eps)).reshape(-1)
+  r_PG, v_PG, n_P1, centred = _group_stats(rewards_B, group_size, valid_B)
+  scale_P1 = jnp.max(v_PG * jnp.abs(r_PG), axis=1, keepdims=True)
+  return _normalised(centred, _std(centred, n_P1, ddof), scale_P1, eps=eps, rtol=rtol).reshape(-1)
 
 
 def rloo_advantages(rewards_B, group_size: int, *, valid_B=None):
@@ -91,10 +109,11 @@ def rloo_advantages(rewards_B, group_size: int, *, valid_B=None):
   return jnp.where((n_P1 > 1) & (v_PG > 0), r_PG - others, 0.0).reshape(-1)
 
 
-def whiten(x_B, *, ddof: int = 1, eps: float = 1e-6, weights_B=None):
+def whiten(x_B, *, ddof: int = 1, eps: float = 1e-6, rtol: float = 1e-4, weights_B=None):
   """(x - mean) / (std + eps) over the whole batch, optionally weighted.
 
-  Rows of weight 0 are excluded from the statistics and get 0.
+  Rows of weight 0 are excluded from the statistics and get 0; a batch whose std is at most `rtol`
+  times its largest |x| gets 0 everywhere (equal up to float noise, `_normalised`).
   """
   x = x_B.astype(jnp.float32)
   w = jnp.ones_like(x) if weights_B is None else weights_B.astype(jnp.float32)
@@ -104,7 +123,8 @@ def whiten(x_B, *, ddof: int = 1, eps: float = 1e-6, weights_B=None):
   dof = total - ddof
   var = jnp.sum(w * jnp.square(centred)) / jnp.maximum(dof, 1e-30)
   std = jnp.where(dof > 0, jnp.sqrt(var), 0.0)
-  return jnp.where(w > 0, centred / (std + eps), 0.0)
+  scale = jnp.max(jnp.where(w > 0, jnp.abs(x), 0.0))
+  return jnp.where(w > 0, _normalised(centred, std, scale, eps=eps, rtol=rtol), 0.0)
 
 
 def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, valid_B=None, weights_B=None):
@@ -123,20 +143,21 @@ def compute_advantages(rewards_B, group_size: int, cfg: ObjectiveConfig, *, vali
   if kind == "raw":
     return r_PG.reshape(-1) * valid
   if kind == "grpo":
-    return grpo_advantages(rewards_B, group_size, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, valid_B=valid_B)
+    return grpo_advantages(rewards_B, group_size, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, rtol=cfg.adv_std_rtol,
+                           valid_B=valid_B)
   if kind == "dr_grpo":
     return group_mean_baseline(rewards_B, group_size, valid_B=valid_B)
   if kind == "rloo":
     return rloo_advantages(rewards_B, group_size, valid_B=valid_B)
   w = valid if weights_B is None else valid * weights_B.astype(jnp.float32)
   if kind == "reinforce_pp":
-    return whiten(rewards_B, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, weights_B=w)
+    return whiten(rewards_B, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps, rtol=cfg.adv_std_rtol, weights_B=w)
   return whiten(group_mean_baseline(rewards_B, group_size, valid_B=valid_B), ddof=cfg.adv_std_ddof,
-                eps=cfg.adv_eps, weights_B=w)
+                eps=cfg.adv_eps, rtol=cfg.adv_std_rtol, weights_B=w)
 
 
 def process_advantages(step_reward_BR, step_end_BR, group_size: int, *, ddof: int = 1, eps: float = 1e-6,
-                       valid_B=None):
+                       rtol: float = 1e-4, valid_B=None):
   """Process supervision with GRPO (Shao et al. 2024, DeepSeekMath section 4.1.3; docs/objectives.md
   eq. 6.10). Output i's step j ends at token index(j) (`step_end_BR`) with reward r_i^index(j)
   (`step_reward_BR` there; elsewhere ignored). Every step reward of a group's outputs is normalised
@@ -147,7 +168,8 @@ def process_advantages(step_reward_BR, step_end_BR, group_size: int, *, ddof: in
 
   so tokens after an output's last step get 0. The paper leaves the std's ddof open; it is the
   outcome GRPO's (`adv_std_ddof`). With one step per output, ending at its last token, this is
-  outcome GRPO broadcast over the output. A group of one step, or of equal step rewards, gets 0.
+  outcome GRPO broadcast over the output. A group of one step, or of step rewards equal up to float
+  noise (std at most `rtol` times the largest |r|, `_normalised`), gets 0.
   Rows with valid_B False count in no statistic and get 0."""
   if ddof not in (0, 1):
     raise ValueError(f"ddof={ddof!r} is invalid: allowed values are 0 and 1")
@@ -162,7 +184,8 @@ def process_advantages(step_reward_BR, step_end_BR, group_size: int, *, ddof: in
   n_P1 = jnp.sum(e_PN, axis=1, keepdims=True)
   mean_P1 = jnp.sum(r_PN, axis=1, keepdims=True) / jnp.maximum(n_P1, 1.0)
   centred_PN = e_PN * (r_PN - mean_P1)
-  norm_BR = (centred_PN / (_std(centred_PN, n_P1, ddof) + eps)).reshape(B, R)
+  scale_P1 = jnp.max(jnp.abs(r_PN), axis=1, keepdims=True)  # r_PN is 0 off the group's steps
+  norm_BR = _normalised(centred_PN, _std(centred_PN, n_P1, ddof), scale_P1, eps=eps, rtol=rtol).reshape(B, R)
   return jnp.flip(jnp.cumsum(jnp.flip(norm_BR, axis=1), axis=1), axis=1)  # sum over steps ending at or after t
 
 
@@ -245,7 +268,7 @@ def batch_advantages(rewards_B, keep_B, mask_BR, cfg: ObjectiveConfig, group_siz
     if step_reward_BR is None or step_end_BR is None:
       raise ValueError("batch_advantages: advantage='grpo_process' needs step_reward_BR and step_end_BR")
     adv_BR = process_advantages(step_reward_BR, step_end_BR, group_size, ddof=cfg.adv_std_ddof, eps=cfg.adv_eps,
-                                valid_B=keep_B)
+                                rtol=cfg.adv_std_rtol, valid_B=keep_B)
     returns_BR = jnp.zeros(mask.shape, jnp.float32)
   elif cfg.advantage == "gae":
     tok_r = outcome_token_rewards(reward, mask)

@@ -83,6 +83,7 @@ class ObjectiveConfig:
   adv_level: str = "token"  # sequence: replace A_{i,t} by the answer's masked mean (GSPO)
   adv_std_ddof: int = 1  # GRPO / REINFORCE++ std: 1 = unbiased (torch.std, verl, TRL)
   adv_eps: float = 1e-6  # (R - mean) / (std + eps)
+  adv_std_rtol: float = 1e-4  # std <= rtol * max|R|: the rewards are equal up to float noise, A = 0 (0: off)
   gamma: float = 1.0  # GAE discount
   gae_lambda: float = 0.95  # GAE lambda
   adv_whiten: bool = False  # whiten GAE advantages over the batch's valid tokens
@@ -156,6 +157,9 @@ class ObjectiveConfig:
       raise bad("ObjectiveConfig.adv_std_ddof", self.adv_std_ddof, "allowed values are 0 (population) and 1 (unbiased)")
     if isinstance(self.adv_eps, bool) or not isinstance(self.adv_eps, (int, float)) or self.adv_eps < 0:
       raise bad("ObjectiveConfig.adv_eps", self.adv_eps, "must be a number >= 0")
+    if isinstance(self.adv_std_rtol, bool) or not isinstance(self.adv_std_rtol, (int, float)) \
+        or not 0 <= self.adv_std_rtol < 1:
+      raise bad("ObjectiveConfig.adv_std_rtol", self.adv_std_rtol, "must be a number in [0, 1)")
     for field in ("gamma", "gae_lambda"):
       v = getattr(self, field)
       if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:

@@ -20,6 +20,32 @@ def test_grpo_ddof_and_zero_variance():
   np.testing.assert_array_equal(np.asarray(a1[4:]), np.zeros(4))
 
 
+def test_groups_equal_up_to_float_noise_give_exactly_zero():
+  # 8 copies of 0.8071829 (a reward model's score with the KL folded in): the float32 mean of the
+  # group is one ulp off the value, so every centred reward is about 6e-8, and dividing by a std of
+  # about 6e-8 plus eps = 1e-6 gave A = 0.056 for every sample before the spread test.
+  same = jnp.full((8,), 0.8071829, jnp.float32)
+  np.testing.assert_array_equal(np.asarray(grpo_advantages(same, 8)), np.zeros(8))
+  # Identical rows whose recomputed k1 differs by about 5e-7 (measured in rlhf_arithmetic): still 0.
+  jitter = same + jnp.array([0, 5e-7, -5e-7, 0, 2.5e-7, 0, -2.5e-7, 0], jnp.float32)
+  np.testing.assert_array_equal(np.asarray(grpo_advantages(jitter, 8)), np.zeros(8))
+  # The same for REINFORCE++'s batch whitening and for process supervision's step rewards.
+  np.testing.assert_array_equal(np.asarray(compute_advantages(jitter, 4, get_preset("reinforce_pp"))), np.zeros(8))
+  from jaxrl_llm.objectives import process_advantages  # pylint: disable=import-outside-toplevel
+  end = jnp.zeros((8, 3), bool).at[:, 2].set(True)
+  step_r = jnp.zeros((8, 3)).at[:, 2].set(jitter)
+  np.testing.assert_array_equal(np.asarray(process_advantages(step_r, end, 8)), np.zeros((8, 3)))
+  # A real spread just above the threshold (std 1.2e-4 > 1e-4 * 0.81) is normalised as GRPO writes
+  # it: +-1 * 1.2e-4 / (std + eps) with the unbiased std of [a, b, a, b, ...] = 1.2e-4 * sqrt(8 / 7).
+  apart = same + jnp.array([1.2e-4, -1.2e-4] * 4, jnp.float32)
+  got = np.asarray(grpo_advantages(apart, 8))
+  c = np.asarray(apart, np.float64) - np.mean(np.asarray(apart, np.float64))
+  want = c / (np.sqrt(np.sum(c ** 2) / 7) + 1e-6)
+  np.testing.assert_allclose(got, want, rtol=2e-3)  # the float32 centring of a 1.2e-4 spread on 0.8: ~5e-4 relative
+  # rtol = 0 turns the test off: the noise is amplified again, as before.
+  assert np.abs(np.asarray(grpo_advantages(same, 8, rtol=0.0))).max() > 1e-2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
 def test_singleton_and_constant_groups_give_zero_not_nan(name):
