@@ -130,7 +130,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.sft.steps = 300  # supervised steps before RL; 0 skips the warm start
   c.sft.batch_size = 128  # demonstrations per step
   c.sft.lr = 1e-3  # peak learning rate (warm-up then cosine decay to 10%); 3e-3 under-fits (docs/benchmarks.md)
-  c.sft.warmup_steps = 50  # linear LR warm-up, steps
+  c.sft.warmup_steps = 50  # linear LR warm-up, steps: step k at lr * (k + 1) / warmup_steps (optim.warmup_schedule)
   c.sft.wrong_fraction = 0.6  # share of demonstrations that are systematically wrong (carry dropped)
 
   # ---- rollout -------------------------------------------------------------
@@ -184,7 +184,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.train.share_prompt = "auto"  # run each group's prompt once in the update's and the recompute's forward passes, its G responses attending to it (exact; model/logprobs.response_hidden): auto (where micro- and mini-batches hold whole groups and it costs fewer FLOPs: long prompts, short responses) | on (always; refuse a config without whole groups) | off
   c.train.micro_batch_tokens = 0  # with micro_batch_size 0: the largest micro-batch of at most this many tokens (prompt + response) that divides the mini-batch; 0: 2048 for a checkpoint model (model.hf_path), the whole mini-batch for the tiny one
   c.train.lr = 3e-4  # peak learning rate (linear warm-up, then train.lr_decay_to)
-  c.train.warmup_steps = 10  # optimizer updates of linear warm-up
+  c.train.warmup_steps = 10  # optimizer updates of linear warm-up: update k at lr * (k + 1) / warmup_steps; 0: lr from the first
   c.train.lr_decay_to = 0.1  # after warm-up, cosine decay to this share of train.lr at the last update; 1: constant
   c.train.weight_decay = 0.0  # AdamW decoupled weight decay
   c.train.b1 = 0.9  # Adam beta1

@@ -10,14 +10,27 @@ import optax
 
 def warmup_schedule(peak_lr: float, warmup_steps: int, total_steps: int = 0,
                     decay_to: float = 1.0) -> optax.Schedule:
-  """Linear warm-up from 0 to `peak_lr`, then constant (decay_to=1) or cosine
-  decay to `decay_to * peak_lr` at `total_steps`."""
-  warm = optax.linear_schedule(0.0, peak_lr, max(warmup_steps, 1))
+  """The learning rate of update k = 0, 1, ...: a linear warm-up, then constant (decay_to=1) or a
+  cosine decay to `decay_to * peak_lr` at update `total_steps`.
+
+  The warm-up counts the update it is applied to, lr_k = peak_lr * (k + 1) / warmup_steps for
+  k < warmup_steps, so the first update moves the weights (peak_lr / warmup_steps) and update
+  warmup_steps - 1 is the first at peak_lr; warmup_steps=0 starts at peak_lr. (A ramp from 0 at
+  k = 0, optax's linear_schedule(0, peak, n), spends the first update at lr 0: a no-op that still
+  moves Adam's moments.)
+  """
   if decay_to == 1.0 or total_steps <= warmup_steps:
     rest = optax.constant_schedule(peak_lr)
   else:
     rest = optax.cosine_decay_schedule(peak_lr, total_steps - warmup_steps, alpha=decay_to)
-  return optax.join_schedules([warm, rest], [max(warmup_steps, 1)])
+  if warmup_steps == 0:
+    return rest
+
+  def schedule(count):
+    warm = peak_lr * (count + 1) / warmup_steps
+    return jnp.where(count < warmup_steps, warm, rest(count - warmup_steps))
+
+  return schedule
 
 
 def adamw(schedule: optax.Schedule, *, b1: float, b2: float, weight_decay: float,

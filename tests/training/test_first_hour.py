@@ -134,13 +134,30 @@ def test_equal_rewards_warn(tmp_path):
 
 # ---- 6 and 9. the logged learning rate; a run of zero RL steps --------------------------------
 
+def test_warmup_schedule_first_update_moves():
+  from jaxrl_llm.training.optim import warmup_schedule  # pylint: disable=import-outside-toplevel
+  # No warm-up: update 0 is at the configured rate (it was 0: the first update of every run a no-op).
+  assert [float(warmup_schedule(1e-3, 0)(k)) for k in range(3)] == pytest.approx([1e-3] * 3, rel=1e-6)
+  # Warm-up over 4 updates: lr_k = 1e-3 * (k + 1) / 4, at peak from update 3 on.
+  assert [float(warmup_schedule(1e-3, 4)(k)) for k in range(6)] == pytest.approx(
+      [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3], rel=1e-6)
+  # Cosine decay after it: update 4 + 10 (the end) is at decay_to * peak; halfway, at the mean.
+  sched = warmup_schedule(1e-3, 4, total_steps=14, decay_to=0.1)
+  assert float(sched(14)) == pytest.approx(1e-4, rel=1e-5)
+  assert float(sched(9)) == pytest.approx(0.55e-3, rel=1e-5)
+
+
 @pytest.mark.slow
-def test_logged_lr_is_the_rate_the_step_used(tmp_path, quiet_log):
-  cfg = _tiny(**{"train.steps": 3, "train.warmup_steps": 10, "train.lr": 1e-3})
+@pytest.mark.parametrize("warmup,want", [(10, [1e-4, 2e-4, 3e-4]), (0, [1e-3, 0.775e-3, 0.325e-3])])
+def test_logged_lr_is_the_rate_the_step_used(tmp_path, quiet_log, warmup, want):
+  # Without warm-up the cosine decay to 0.1 lr spans the 3 updates: 1e-3 (0.1 + 0.9 (1 + cos(pi k / 3)) / 2).
+  cfg = _tiny(**{"train.steps": 3, "train.warmup_steps": warmup, "train.lr": 1e-3, "train.lr_decay_to": 0.1})
   make_trainer(cfg, tmp_path, quiet_log).run()
-  lrs = [r["lr"] for r in read_metrics(os.path.join(tmp_path, "metrics.jsonl"))]
-  # Linear warm-up 0 -> 1e-3 over 10 updates; step s's (only) update is update s - 1.
-  assert lrs == pytest.approx([0.0, 1e-4, 2e-4], rel=1e-6, abs=1e-12)
+  rows = read_metrics(os.path.join(tmp_path, "metrics.jsonl"))
+  # Linear warm-up over 10 updates, lr_k = 1e-3 (k + 1) / 10; step s's (only) update is update s - 1.
+  assert [r["lr"] for r in rows] == pytest.approx(want, rel=1e-6, abs=1e-12)
+  # The first update moved the weights: step 2 samples with them, and its KL to the warm start is not 0.
+  assert rows[1]["kl/ref"] > 0
 
 
 @pytest.mark.slow
