@@ -17,8 +17,13 @@ N, D, V = 37, 24, 301
 TILES = VocabTiles(block_n=16, block_v=64, chunk_v=128)
 
 # (forward atol/rtol, gradient atol/rtol relative to the gradient's max |.|).
+# f32: sums over V = 301 in tiles / chunks vs one pass; the lse-type sums of positive terms are within
+# V u ~ 2e-5 relative, the rest within a few ulps in practice.
 # bf16: inputs are bf16 but all maths is f32; outputs of d hidden / d w are
-# rounded to bf16 (8 mantissa bits: relative 2^-8 ~ 4e-3) on both sides.
+# rounded to bf16 (8 mantissa bits: relative 2^-8 ~ 4e-3) on both sides: two f32 values a rounding
+# apart can round to neighbouring bf16 numbers, one ulp <= 2^-7 ~ 8e-3 of max |.|, so grad is 2 ulps.
+# Measured over 4 seeds (relative to max(1, max |expected|)): f32 fwd <= 9.1e-7, grad <= 9.9e-7;
+# bf16 fwd <= 1.2e-6, grad <= 2.8e-3 (a bf16 ulp, as bounded above).
 TOLERANCES = {
     jnp.float32: dict(fwd=2e-5, grad=2e-5),
     jnp.bfloat16: dict(fwd=2e-4, grad=1.6e-2),

@@ -71,7 +71,8 @@ def test_entropy_and_logp_by_hand():
   lse = np.log(np.sum(np.exp(z)))
   p = np.exp(z - lse)
   np.testing.assert_allclose(out.lse, [lse, np.log(3.0)], rtol=1e-6)
-  np.testing.assert_allclose(out.logp, [1.0 - lse, -np.log(3.0)], rtol=1e-6)
+  # 1 - lse cancels 1.41 to -0.41: the error is ulps of lse (1.2e-7 each), absolute; measured 7.8e-8
+  np.testing.assert_allclose(out.logp, [1.0 - lse, -np.log(3.0)], rtol=1e-6, atol=5e-7)
   np.testing.assert_allclose(out.entropy, [-np.sum(p * np.log(p)), np.log(3)],
                              rtol=1e-6)
 
@@ -86,8 +87,10 @@ def test_padding_rows_change_nothing():
                                     **kw)(hidden_ND, w_DV)
   (_, sub), sub_grads = _value_and_grad(token_logprobs, targets_N[:29], None,
                                         1.0, **kw)(hidden_ND[:29], w_DV)
+  # Other row blocks, so other f32 sums: logp ~10 within ~2 ulps (measured <= 9e-8 relative);
+  # d w sums 29 rows of h (p - y): ~29 u ~ 2e-6 of max|d w|, measured <= 3.8e-7 relative; 4 seeds
   assert_close(out.logp[:29], sub.logp, 1e-6, "logp")
-  assert_close(grads[1], sub_grads[1], 1e-6, "d w")
+  assert_close(grads[1], sub_grads[1], 1e-5, "d w")
 
 
 def test_gather_logprobs_k_ids_match_reference():

@@ -134,8 +134,11 @@ def test_unstacked_layers_loop_equals_stacked_scan_with_and_without_cache():
       hidden, cache = fwd(p, CFG, tokens[:, sl], positions[:, sl], mask[:, sl], cache)
       outs.append(hidden)
     caches.append(cache)
+    # chunked decode: attention over the cache's slots and matmuls of other shapes, hidden ~3.7 after
+    # two layers of f32 sums over D = 32, F = 48, T = 11: ~2 (D + F + T) u |h| ~ 4e-5; measured <= 2.9e-6
+    # over 5 seeds
     np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1))[np.asarray(mask)],
-                               np.asarray(h_scan)[np.asarray(mask)], atol=2e-5, rtol=0)
+                               np.asarray(h_scan)[np.asarray(mask)], atol=4e-5, rtol=0)
   for a, b in zip(jax.tree.leaves(caches[0]), jax.tree.leaves(caches[1])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
   # Keys are stored [B, K, H, S], values [B, K, S, H]; slot T (never written) stays empty.

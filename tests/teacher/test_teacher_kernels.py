@@ -45,10 +45,13 @@ def _assert_trees_close(a, b, **tol):
 
 
 def _assert_value_and_grad_close(loss, ref, params):
-  """Value (rtol 1e-5, atol 1e-6) and gradient (rtol 2e-4) equal the reference's, jitted."""
+  """Value (rtol 1e-5, atol 5e-6) and gradient (rtol 2e-4) equal the reference's, jitted."""
   (v, g), (v_ref, g_ref) = jax.jit(jax.value_and_grad(loss))(params), jax.jit(jax.value_and_grad(ref))(params)
   assert float(v_ref) > 1e-4  # a real gap between the two random models
-  np.testing.assert_allclose(v, v_ref, rtol=1e-5, atol=1e-6)  # atol: the bucket's 1 - sum_k p_k rounding
+  # atol: the bucket's 1 - sum_k p_k rounding, and each token's divergence is a difference of sums ~log V
+  # = 4.6 over V in other orders: in practice a few ulps of 4.6 (4.8e-7), asserted at ~10 (V u sum|terms|
+  # ~ 5e-5 is the worst case); measured <= 1.3e-7 over 4 seeds
+  np.testing.assert_allclose(v, v_ref, rtol=1e-5, atol=5e-6)
   _assert_trees_close(g, g_ref, rtol=2e-4, atol=1e-6)
 
 
@@ -158,4 +161,6 @@ def test_route_by_tag_scores_each_row_with_its_teacher():
   (_, term), = stage.extra_terms("token_mean")
   ws = term(loss_context(student, CFG, s, extra, stage.heads(StepState(student, 0))))
   want = (kl_0[0][m[0]].sum() + kl_1[1][m[1]].sum()) / m.sum()
-  np.testing.assert_allclose(ws.value(), want, rtol=1e-5)
+  # ~0.015 from differences of sums ~log V in other orders: ~10 ulps of 4.6 (as in
+  # _assert_value_and_grad_close); measured <= 1.3e-7 over 4 seeds (0.8 of rtol=1e-5 alone)
+  np.testing.assert_allclose(ws.value(), want, rtol=1e-5, atol=5e-6)

@@ -136,4 +136,8 @@ def test_distill_term_value_is_the_token_mean_kl_of_the_signals():
   (_, term), = stage.extra_terms("token_mean")
   ws = term(loss_context(student, CFG, s, extra, stage.heads(StepState(student, 0))))
   want = sig.kl_BR[s.mask_BR].mean()
-  np.testing.assert_allclose(ws.value(), want, rtol=1e-5)
+  # KL(p || q) ~0.01 from two f32 paths: each token's is sum_v p log p - sum_v p log q, two sums ~log V
+  # = 4.6 over V = 99 in other orders: in practice a few ulps of 4.6 (4.8e-7), asserted at ~10 (V u
+  # sum|terms| ~ 5e-5 is the worst case), not 1e-5 of the KL; measured <= 1.6e-7 over 4 seeds (which
+  # failed rtol=1e-5 alone at one of them)
+  np.testing.assert_allclose(ws.value(), want, rtol=1e-5, atol=5e-6)

@@ -53,7 +53,10 @@ def test_micro_batching_gives_the_same_update(name, micro, tmp_path, quiet_log):
   # f32 sums in a different order: relative 1e-4 of the largest change, elementwise
   scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(d0))
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5 * scale), d0, d1)
-  np.testing.assert_allclose(m0["loss/total"], m1["loss/total"], rtol=1e-5, atol=1e-7)
+  # The loss is a mean over the ~160 tokens of terms ~A (|A| <= 1.7) summed in another order, and
+  # ~0 where they cancel (on-policy GRPO: -mean A): bounded by ~160 * u * mean|A| ~ 1e-5;
+  # measured <= 7.5e-9 over 5 seeds
+  np.testing.assert_allclose(m0["loss/total"], m1["loss/total"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(m0["grad/norm"], m1["grad/norm"], rtol=1e-5)
 
 
