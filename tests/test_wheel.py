@@ -4,14 +4,16 @@ and every entry point answers --help when the package is imported from the insta
 The wheel is built from a copy of the sources in a temporary folder, so the build's build/ and
 *.egg-info never land in the checkout and no stale build/lib of an earlier build can slip into it.
 
-The dependencies come from the base install: the virtual environment sees the system's
-site-packages (`--system-site-packages`), so nothing is downloaded. That is also where this
-checkout's editable install lives, and it must not answer for the wheel:
+The dependencies come from the environment that runs the tests, whatever it is (a virtual
+environment, conda, the system interpreter): the test's venv is made without them and a .pth file
+in its site-packages chains to the running interpreter's site directories (`site.addsitedir` of
+each, as `--system-site-packages` does for the base interpreter only), so nothing is downloaded.
+That is also where this checkout's editable install lives, and it must not answer for the wheel:
 
 * an editable install's finder (`__editable___jaxrl_llm_*_finder.py`, loaded by a .pth file in the
-  system site-packages) is appended to sys.meta_path, after the path-based finder, and the venv's
-  site-packages comes before the system's on sys.path, so the wheel's copy is found first (a
-  `compat` editable install's .pth path entry also comes after the venv's site-packages);
+  chained site-packages) is appended to sys.meta_path, after the path-based finder, and the venv's
+  own site-packages comes before the chained ones on sys.path, so the wheel's copy is found first
+  (a `compat` editable install's .pth path entry also comes after the venv's site-packages);
 * `python -m` puts the working directory first on sys.path, so every command runs from a
   temporary folder, not the repository root, and without PYTHONPATH;
 * pip in the venv sees the editable jaxrl_llm as installed: `--force-reinstall` installs the wheel
@@ -23,9 +25,11 @@ Each of these is checked, not assumed: every entry point's module resolves insid
 import ast
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +86,14 @@ def test_every_entry_point_is_listed():
   assert _discovered_entry_points() == set(ENTRY_POINTS)
 
 
+def _site_dirs() -> list[str]:
+  """The site directories the running interpreter imports from: its own (a venv's or conda's), and
+  the base interpreter's or the user's where it sees them."""
+  dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+  return [d for d in dict.fromkeys(dirs + [p for p in sys.path if os.path.basename(p) in
+                                            ("site-packages", "dist-packages")]) if os.path.isdir(d)]
+
+
 def _run(cmd, cwd, env):
   return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -107,10 +119,15 @@ def test_the_wheel_installs_every_module_and_entry_point(tmp_path):
   assert not {n for n in names if n.startswith("kernels/")}, "kernels/ installed under its folder's name"
 
   venv = tmp_path / "venv"
-  made = _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], tmp_path, env)
+  made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)
   assert made.returncode == 0, made.stderr[-3000:]
   python = str(venv / "bin" / "python")
-  # The venv has no pip of its own: the system's, run by the venv's interpreter, installs into the venv.
+  own = _run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], tmp_path, env)
+  assert own.returncode == 0, own.stderr[-3000:]
+  (Path(own.stdout.strip()) / "_chain_test_environment.pth").write_text(
+      "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in _site_dirs()) + "\n")
+  # The venv has no pip of its own: the running environment's, run by the venv's interpreter,
+  # installs into the venv.
   inst = _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", str(wheel)],
               tmp_path, env)
   assert inst.returncode == 0, inst.stdout[-3000:] + inst.stderr[-3000:]
