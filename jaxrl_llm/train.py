@@ -33,13 +33,20 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   # Orbax logs every checkpoint step at INFO; keep the console for the progress bar.
   logging.set_verbosity(logging.WARNING)
+  from jaxrl_llm.model import distributed
   from jaxrl_llm.training.config import from_config_dict
+  from jaxrl_llm.training.provenance import plain_config
   from jaxrl_llm.training.extensions import extensions_for
   from jaxrl_llm.training.loop import Trainer
 
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/<method>.py is required")
   cfg = from_config_dict(_CONFIG.value)
+  # A multi-process run (a pod slice, SLURM, JAX_COORDINATOR_ADDRESS, ...) joins here, before any device
+  # is touched; its processes must run the same code on the same config.
+  distributed.initialize()
+  distributed.check_same_everywhere("code", distributed.code_fingerprint())
+  distributed.check_same_everywhere("configs", json.dumps(plain_config(cfg), sort_keys=True, default=str))
   for ext in extensions_for(cfg):  # e.g. teacher paths, vocabulary and topk, before any model is built
     ext.preflight(cfg)
   workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.run_name)
@@ -48,7 +55,8 @@ def main(argv):
   from jaxrl_llm.training.loop import Stopped
 
   try:
-    summary = Trainer(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value).run()
+    prefix = distributed.log_prefix()
+    summary = Trainer(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value, log=lambda s: print(prefix + s)).run()
   except Stopped as e:
     print(str(e))
     raise SystemExit(128 + 15) from None  # the conventional status of a SIGTERM

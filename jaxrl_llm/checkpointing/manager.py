@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_managers
 
 from jaxrl_llm.checkpointing import manifest as manifest_lib
+from jaxrl_llm.model import distributed
 from jaxrl_llm.checkpointing import pytree_io
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checkpointing.errors import (
@@ -150,8 +151,10 @@ class CheckpointManager:
     self._mngr.wait_until_finished()
     kept = set(self._mngr.all_steps())
     for step in self._unmanifested:
-      if step in kept and os.path.isdir(self.step_dir(step)):
+      if step in kept and os.path.isdir(self.step_dir(step)) and distributed.is_primary():
         manifest_lib.write_manifest(self.step_dir(step))
+    if self._unmanifested:
+      distributed.barrier("checkpoint_manifests")  # written (by process 0) before any process reads them
     self._unmanifested = []
 
   def close(self) -> None:

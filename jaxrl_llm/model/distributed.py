@@ -22,10 +22,16 @@ from collections.abc import Mapping
 
 import jax
 
+from jaxrl_llm.checks import ConfigError
+
 ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_LOCAL_DEVICES = "JAX_LOCAL_DEVICE_IDS"
+# Seconds without a heartbeat after which the coordination service declares a process dead and ends
+# the others (with a line saying so): the bound on how long the survivors of a crash wait.
+ENV_HEARTBEAT = "JAXRL_LLM_HEARTBEAT_TIMEOUT_S"
+ENV_INIT_TIMEOUT = "JAXRL_LLM_INIT_TIMEOUT_S"  # seconds to wait for every process to join
 # Variables by which jax.distributed recognises a cluster it can configure itself.
 _CLUSTER_MARKERS = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES",
                     "MEGASCALE_COORDINATOR_ADDRESS", "JOBSET_NAME")
@@ -40,7 +46,10 @@ class DistributedConfig:
   num_processes: total processes (>= 1). process_id: this one, in [0, num_processes).
   local_device_ids: restrict this process to these local devices (None: all).
   cpu_collectives: implementation of CPU cross-process collectives.
-  initialization_timeout_s: how long to wait for every process to join.
+  initialization_timeout_s: how long to wait for every process to join (a coordinator that never
+    comes up fails after it).
+  heartbeat_timeout_s: how long a process may be silent before the others are ended (a process
+    killed mid-step: the survivors exit within about this time instead of hanging).
   """
   coordinator_address: str
   num_processes: int
@@ -48,6 +57,7 @@ class DistributedConfig:
   local_device_ids: tuple[int, ...] | None = None
   cpu_collectives: str = "gloo"
   initialization_timeout_s: int = 300
+  heartbeat_timeout_s: int = 100  # jax.distributed's default
 
   def __post_init__(self):
     host, _, port = self.coordinator_address.rpartition(":")
@@ -65,9 +75,9 @@ class DistributedConfig:
     if self.cpu_collectives not in CPU_COLLECTIVES:
       raise ValueError(f"DistributedConfig.cpu_collectives must be one of {CPU_COLLECTIVES}, "
                        f"got {self.cpu_collectives!r}")
-    if self.initialization_timeout_s <= 0:
-      raise ValueError(f"DistributedConfig.initialization_timeout_s must be > 0, got "
-                       f"{self.initialization_timeout_s!r}")
+    for name in ("initialization_timeout_s", "heartbeat_timeout_s"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"DistributedConfig.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> DistributedConfig | None:
@@ -90,8 +100,32 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> DistributedConf
 
   local = env.get(ENV_LOCAL_DEVICES)
   local_ids = tuple(int(x) for x in local.split(",")) if local else None
+  timeouts = {field: as_int(name) for field, name in (("heartbeat_timeout_s", ENV_HEARTBEAT),
+                                                      ("initialization_timeout_s", ENV_INIT_TIMEOUT))
+              if env.get(name)}
   return DistributedConfig(env[ENV_ADDRESS], as_int(ENV_NUM_PROCESSES), as_int(ENV_PROCESS_ID),
-                           local_device_ids=local_ids)
+                           local_device_ids=local_ids, **timeouts)
+
+
+def _wait_for_coordinator(cfg: DistributedConfig) -> None:
+  """Returns once the coordinator accepts connections; one error line after the init timeout (JAX's
+  own client aborts the process with a stack dump when it cannot connect)."""
+  import socket  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+
+  host, _, port = cfg.coordinator_address.rpartition(":")
+  deadline = time.monotonic() + cfg.initialization_timeout_s
+  while True:
+    try:
+      with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+        return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise ConfigError(f"process {cfg.process_id} of {cfg.num_processes} could not join the run: no coordinator "
+                          f"answered at {cfg.coordinator_address} within {cfg.initialization_timeout_s} s "
+                          f"({ENV_INIT_TIMEOUT}; {e.strerror or e}); start process 0 there, or fix "
+                          f"{ENV_ADDRESS}") from None
+      time.sleep(0.5)
 
 
 def initialize(cfg: DistributedConfig | None = None) -> bool:
@@ -108,9 +142,102 @@ def initialize(cfg: DistributedConfig | None = None) -> bool:
     return True
   if cfg.cpu_collectives != "none":
     jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
-  jax.distributed.initialize(
-      coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
-      process_id=cfg.process_id,
-      local_device_ids=list(cfg.local_device_ids) if cfg.local_device_ids else None,
-      initialization_timeout=cfg.initialization_timeout_s)
+  if cfg.process_id != 0:  # process 0 hosts the coordinator; the others wait for it to listen
+    _wait_for_coordinator(cfg)
+  try:
+    jax.distributed.initialize(
+        coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
+        process_id=cfg.process_id,
+        local_device_ids=list(cfg.local_device_ids) if cfg.local_device_ids else None,
+        initialization_timeout=cfg.initialization_timeout_s, heartbeat_timeout_seconds=cfg.heartbeat_timeout_s)
+  except Exception as e:  # pylint: disable=broad-except
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(f"process {cfg.process_id} of {cfg.num_processes} could not join the run at "
+                      f"{cfg.coordinator_address} within {cfg.initialization_timeout_s} s ({ENV_INIT_TIMEOUT}): "
+                      f"{first[:300]}") from e
   return True
+
+
+# ---- what the processes of a run share ------------------------------------------------------------
+# Every process runs the same host code on the same global values (model/sharding.py's put and fetch),
+# so they agree by construction; the files of a run (metrics, summary, manifests, dumps) are written by
+# process 0 alone, and a barrier orders a write before another process reads it.
+
+
+def is_primary() -> bool:
+  """Whether this process writes the run's files (process 0; the only one of a single-process run)."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Every process waits here until all have arrived (nothing with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    multihost_utils.sync_global_devices(name)
+
+
+def check_same_everywhere(what: str, value: str) -> None:
+  """Refuses a run whose processes differ in `value` (a config's or the code's fingerprint): every
+  process must run the same program on the same config, or their collectives mismatch or hang."""
+  if jax.process_count() == 1:
+    return
+  import hashlib  # pylint: disable=import-outside-toplevel
+
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  digest = np.frombuffer(hashlib.sha256(value.encode()).digest()[:8], np.int64)
+  every = np.asarray(multihost_utils.process_allgather(digest)).reshape(-1)
+  if len(set(every.tolist())) != 1:
+    differ = [i for i, d in enumerate(every.tolist()) if d != every[0]]
+    raise ConfigError(f"the processes of this run were started with different {what}: processes {differ} "
+                      "differ from process 0; start every process with the same command and the same code")
+
+
+def code_fingerprint() -> str:
+  """The package's source files, hashed: processes that run other code are refused at start."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  h = hashlib.sha256()
+  for dirpath, dirnames, files in sorted(os.walk(root)):
+    dirnames.sort()
+    for name in sorted(f for f in files if f.endswith(".py")):
+      with open(os.path.join(dirpath, name), "rb") as f:
+        h.update(name.encode() + f.read())
+  return h.hexdigest()
+
+
+def log_prefix() -> str:
+  """'' for a single process, '[process i/n] ' in a multi-process run."""
+  return f"[process {jax.process_index()}/{jax.process_count()}] " if jax.process_count() > 1 else ""
+
+
+def row_share(n_rows: int) -> tuple[int, int]:
+  """[lo, hi): the contiguous rows of a host batch this process owns (all of them with one process)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  bounds = np.linspace(0, n_rows, jax.process_count() + 1).astype(int)
+  return int(bounds[jax.process_index()]), int(bounds[jax.process_index() + 1])
+
+
+def gather_rows(local, n_rows: int):
+  """The pytree of per-row host arrays each process computed for its `row_share(n_rows)`, all-gathered
+  into the whole batch's in every process (a collective)."""
+  if jax.process_count() == 1:
+    return local
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  bounds = np.linspace(0, n_rows, jax.process_count() + 1).astype(int)
+  size = int(np.max(np.diff(bounds)))
+
+  def one(x):
+    x = np.asarray(x)
+    padded = np.zeros((size,) + x.shape[1:], x.dtype)
+    padded[:len(x)] = x
+    every = np.asarray(multihost_utils.process_allgather(padded))  # [processes, size, ...]
+    return np.concatenate([every[p, :bounds[p + 1] - bounds[p]] for p in range(len(bounds) - 1)]).astype(x.dtype)
+
+  return jax.tree.map(one, local)

@@ -18,6 +18,7 @@ import math
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_llm.checks import ConfigError, check_int
@@ -180,7 +181,7 @@ def init_sharded_params(cfg: ModelConfig, key: jax.Array, mesh: Mesh) -> dict:
 
 def shard_params(params: dict, cfg: ModelConfig, mesh: Mesh) -> dict:
   """Move existing (e.g. single-device) params onto the mesh."""
-  return jax.device_put(params, param_shardings(cfg, mesh))
+  return put(params, param_shardings(cfg, mesh))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
@@ -213,6 +214,44 @@ def batch_shards(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
+# ---- the host boundary ---------------------------------------------------------------
+# In a multi-controller run (a pod slice: one process per host, model/distributed.py) an array over
+# the mesh is only partly addressable from each process: `jax.device_put` of a host value onto it
+# and `jax.device_get` of it fail. Every host value that enters the mesh goes through `put`, and
+# every value the host reads back through `fetch`; with one process they are device_put and
+# device_get.
+
+
+def put(tree, sharding):
+  """Host values onto `sharding` (a leaf's own, or one for every leaf): each process builds its own
+  shards from its copy, which every process holds whole (the host stages compute the same global
+  value in every process, from the same seeds). A leaf already on the mesh is resharded."""
+
+  def one(x, sh):
+    if sh.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+      return jax.device_put(x, sh)
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):  # a typed key: its bits
+      return jax.random.wrap_key_data(one(jax.random.key_data(x), sh), impl=jax.random.key_impl(x))
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sh, lambda index: x[index])
+
+  if isinstance(sharding, jax.sharding.Sharding):
+    return jax.tree.map(lambda x: one(x, sharding), tree)
+  return jax.tree.map(one, tree, sharding)
+
+
+def fetch(tree):
+  """Device values as host numpy, whole in every process: an array split over processes is
+  all-gathered (a collective: every process fetches the same arrays in the same order)."""
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.device_get(x)
+
+  return jax.tree.map(one, tree)
+
+
 def onto_mesh(tree, mesh: Mesh):
   """Replicates over the mesh every leaf not already placed on all its devices
   (optimizer counters and other scalars created outside a sharded jit)."""
@@ -224,7 +263,7 @@ def onto_mesh(tree, mesh: Mesh):
     if (getattr(x, "sharding", None) is not None and set(x.sharding.device_set) == devices
         and getattr(x, "committed", True)):
       return x
-    return jax.device_put(x, replicated(mesh))
+    return put(x, replicated(mesh))
 
   return jax.tree.map(place, tree)
 

@@ -39,6 +39,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model import KVCache, forward, init_cache, logits, unstack_layers
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
@@ -191,7 +192,7 @@ def generate_continuous(params: dict, model_cfg: ModelConfig, prompt_tokens_BP, 
   while True:
     ended = [s for s in range(slots) if holder[s] >= 0 and not active[s]]
     if ended:
-      rec = jax.device_get((state.tokens_BR, state.mask_BR, state.behav_logp_BR, state.raw_logp_BR,
+      rec = sharding_lib.fetch((state.tokens_BR, state.mask_BR, state.behav_logp_BR, state.raw_logp_BR,
                             state.topk_ids_BRK, state.topk_logp_BRK, state.finish_reason_B, state.length_B))
       for s in ended:
         b = holder[s]
@@ -218,7 +219,7 @@ def generate_continuous(params: dict, model_cfg: ModelConfig, prompt_tokens_BP, 
       state = admit(params, state, *placed((prompt_BE, prompt_mask_BE, new_B, sample_B)), key, model_cfg=run_cfg,
                     cfg=cfg, **on_mesh)
     state = decode_chunk(params, state, model_cfg=run_cfg, cfg=cfg, chunk=chunk, **on_mesh)
-    active = np.asarray(jax.device_get(state.active_B))
+    active = np.asarray(sharding_lib.fetch(state.active_B))
   return Rollout(
       tokens_BR=jnp.asarray(out["tokens"]), mask_BR=jnp.asarray(out["mask"]),
       behav_logp_BR=jnp.asarray(out["logp"]), finish_reason_B=jnp.asarray(out["finish"]),

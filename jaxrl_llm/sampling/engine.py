@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling import generate as generate_lib
@@ -155,7 +156,7 @@ def sample_batch(params, model_cfg: ModelConfig, prompts, scfg: SamplingConfig, 
   else:
     ro = generate_lib.generate(params, model_cfg, prompts.tokens_BP, prompts.mask_BP, scfg, key, mesh=mesh)
   # The host needs the tokens (decoding, rewards) and the masks; log mu stays on the device.
-  tokens_BR, mask_BR, finish_B, length_B, idx = jax.device_get(
+  tokens_BR, mask_BR, finish_B, length_B, idx = sharding_lib.fetch(
       (ro.tokens_BR, ro.mask_BR, ro.finish_reason_B, ro.length_B, ro.prompt_index_B))
   G, K = scfg.n_samples, scfg.record_topk
   tokens_BR = np.asarray(tokens_BR, np.int32)

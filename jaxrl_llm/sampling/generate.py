@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.sharding import BATCH_AXES
 
 from jaxrl_llm.model.config import ModelConfig
@@ -114,7 +115,7 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
     # Prompts split by rows when they divide evenly, else replicated (the
     # prefill is then repeated per device and the rows split after it).
     spec = PartitionSpec(data_axis) if B0 % shards == 0 else PartitionSpec()
-    prompt_tokens_BP, prompt_mask_BP = jax.device_put((prompt_tokens_BP, prompt_mask_BP), NamedSharding(mesh, spec))
+    prompt_tokens_BP, prompt_mask_BP = sharding_lib.put((prompt_tokens_BP, prompt_mask_BP), NamedSharding(mesh, spec))
   state = prefill(params, prompt_tokens_BP, prompt_mask_BP, key, model_cfg=run_cfg, cfg=cfg,
                   cache_len=cache_len, mesh=mesh, data_axis=data_axis or ())
   state = decode(params, state, model_cfg=run_cfg, cfg=cfg, prompt_len=prompt_tokens_BP.shape[1], mesh=mesh,

@@ -44,6 +44,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.generate import _resolve_data_axis, sampler_model_config
@@ -131,7 +132,7 @@ class _Turn(NamedTuple):
 
 def _host_turns(state: DecodeState, budgets: list[int], tokenizer, stop_strings: Sequence[str]) -> _Turn:
   """The decoded turns on the host, each cut after its first stop string (module docstring)."""
-  tokens_BR, logp_BR, length_B, finish_B = (np.asarray(x) for x in jax.device_get(
+  tokens_BR, logp_BR, length_B, finish_B = (np.asarray(x) for x in sharding_lib.fetch(
       (state.tokens_BR, state.behav_logp_BR, state.length_B, state.finish_reason_B)))
   finish_B = finish_B.astype(np.int32)
   ids, logps = [], []
@@ -168,7 +169,7 @@ def sample_turns(params, model_cfg: ModelConfig, contexts: Sequence[Sequence[int
   inputs = (tokens_BP, mask_BP, budget_B)
   data_axis, rows_sharding = _rows(mesh, B, "sample_turns")
   if rows_sharding is not None:
-    inputs = jax.device_put(inputs, rows_sharding)
+    inputs = sharding_lib.put(inputs, rows_sharding)
   run_cfg = sampler_model_config(model_cfg, cfg)
   state = prefill(params, inputs[0], inputs[1], key, inputs[2], model_cfg=run_cfg, cfg=cfg,
                   cache_len=tokens_BP.shape[1] + R, mesh=mesh, data_axis=data_axis)
@@ -230,7 +231,7 @@ class KeptCache:
     inputs = (tokens_BE, mask_BE, start_B, self.drop_BS, budget_B)
     data_axis, rows_sharding = _rows(self.mesh, B, "KeptCache")
     if rows_sharding is not None:
-      inputs = jax.device_put(inputs, rows_sharding)
+      inputs = sharding_lib.put(inputs, rows_sharding)
     tokens_BE, mask_BE, start_B, drop_BS, budget_B = inputs
     state = extend(self.params, self.cache, tokens_BE, mask_BE, start_B, drop_BS, key, budget_B,
                    model_cfg=self.run_cfg, cfg=self.cfg, cache_len=cache_len, mesh=self.mesh, data_axis=data_axis)

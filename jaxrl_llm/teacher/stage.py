@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.objectives import teacher as teacher_w, teacher_routing
 from jaxrl_llm.objectives.teacher_inputs import build_teacher_inputs, gather_predictions
 from jaxrl_llm.objectives.teacher_schedule import TeacherSchedule, teacher_params_for_step
@@ -207,7 +208,7 @@ class TeacherStage:
         padded = np.concatenate([r, np.full(chunk - len(r), r[0])])  # one shape per teacher
         spec = _ScoreSpec(teacher_cfg=tcfg, student_cfg=self.student_cfg, temperature=self.temperature,
                           impl=self.impl, topk=k, keep_hidden=bool(keep_hidden))
-        res = jax.device_get(_score_chunk(params, student_params, *(a[padded] for a in args), spec=spec))
+        res = sharding_lib.fetch(_score_chunk(params, student_params, *(a[padded] for a in args), spec=spec))
         for name, v in res.items():
           v = np.asarray(v)[:len(r)]
           if name == teacher_loss.HIDDEN:

@@ -43,6 +43,8 @@ import math
 import jax
 import numpy as np
 
+from jaxrl_llm.model import sharding as sharding_lib
+from jaxrl_llm.model import distributed
 from jaxrl_llm.rundir import token_dump
 
 FLAG_SEP = "__"  # a flag key's "/" in the array names (trust/clip_low -> flag_trust__clip_low_KBR)
@@ -58,7 +60,7 @@ class FactorRecorder:
   def add(self, pass_index: int, rows: np.ndarray, factors: dict) -> None:
     """factors: {name: [len(rows), R]} of the mini-batch holding `rows` (device or host arrays)."""
     into = self._passes[pass_index]
-    for name, value in jax.device_get(factors).items():
+    for name, value in sharding_lib.fetch(factors).items():
       value = np.asarray(value)
       if name not in into:
         into[name] = np.zeros((self.n_rows,) + value.shape[1:], value.dtype)
@@ -111,7 +113,7 @@ def step_arrays(ctx, sb, batch, factors_KBR: dict) -> dict:
   samples, scores, keep_B, prox_recomputed = sb.samples, sb.scores, sb.keep_B, cfg.prox.forward
   G = cfg.rollout.group_size
   sampled = np.asarray(samples.mask_BR, bool)
-  behav = np.asarray(jax.device_get(samples.behav_logp_BR), np.float32)
+  behav = np.asarray(sharding_lib.fetch(samples.behav_logp_BR), np.float32)
   prox = np.asarray(batch.prox_logp_BR, np.float32)
   log_c = np.where(sampled, prox - behav, 0.0).astype(np.float32) if prox_recomputed else np.zeros_like(behav)
   adv = np.asarray(batch.adv_BR, np.float32)
@@ -144,11 +146,13 @@ def step_arrays(ctx, sb, batch, factors_KBR: dict) -> dict:
 
 
 def write_step(ctx, step: int, sb, batch, recorder: FactorRecorder, metrics: dict) -> str:
-  """Writes step `step`'s dump into <ctx.workdir>/dumps; -> the JSON's path."""
+  """Writes step `step`'s dump into <ctx.workdir>/dumps; -> the JSON's path ("" in a process other than 0)."""
   cfg = ctx.cfg
   samples, prox_recomputed = sb.samples, cfg.prox.forward
   factors = recorder.stacked()
-  arrays = step_arrays(ctx, sb, batch, factors)
+  arrays = step_arrays(ctx, sb, batch, factors)  # every process: its fetches are collectives
+  if not distributed.is_primary():  # the file is process 0's
+    return ""
   ids = np.unique(np.asarray(samples.tokens_BR)[np.asarray(samples.context_BR, bool)])
   info = {
       "run_name": cfg.run_name, "method": cfg.method, "config": _summary(cfg, ctx.extensions),

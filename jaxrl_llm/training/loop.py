@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl_llm.model import lora
+from jaxrl_llm.model import distributed, lora
 from jaxrl_llm.model.heads import init_value_head
 from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
 from jaxrl_llm.checks import ConfigError
@@ -154,11 +154,11 @@ class Trainer:
     k_model, k_value, k_run = jax.random.split(key, 3)
     self.model_cfg, params = setup.make_model(self.cfg, self.tokenizer, self.mesh, k_model)
     replicated = sharding_lib.replicated(self.mesh)
-    vparams = jax.device_put(init_value_head(self.model_cfg.d_model, k_value), replicated)
+    vparams = sharding_lib.put(init_value_head(self.model_cfg.d_model, k_value), replicated)
     # Step and key live replicated on the mesh like every other leaf, so a
     # checkpoint restores them there (a restored leaf committed to one device
     # would not mix with the mesh's arrays).
-    step, k_run = jax.device_put((jnp.zeros((), jnp.int32), k_run), replicated)
+    step, k_run = sharding_lib.put((jnp.zeros((), jnp.int32), k_run), replicated)
     return TrainState(step=step, params=params, opt_state=self._opt_init(self.tx, lora.trainable(params)),
                       value_params=vparams, value_opt_state=self._opt_init(self.vtx, vparams), ref_params=None,
                       lag_params=(), key=k_run, data_state=self.pipeline.get_state())
@@ -277,8 +277,9 @@ class Trainer:
         self.episodes.close()
     self.log(f"eval (greedy, {ev_end['n']} held-out): accuracy {ev_end['accuracy']:.3f}")
     summary = self._summary(state, start, ev_end, history, time.time() - t_start)
-    write_summary(self.workdir, summary)
-    write_report_safely(self.workdir, self.log)
+    if distributed.is_primary():  # the run's files: process 0's (the others hold the same values)
+      write_summary(self.workdir, summary)
+      write_report_safely(self.workdir, self.log)
     self.final_state = state
     self.history = history
     return summary
@@ -324,7 +325,7 @@ class Trainer:
     """The RL steps from state.step to train.steps: metrics, evaluations, checkpoints, SIGTERM.
     -> (the final state, every step's metrics: a resumed run's earlier steps first)."""
     cfg = self.cfg
-    writer = MetricsWriter(self.workdir, start_step=int(state.step))
+    writer = MetricsWriter(self.workdir, start_step=int(state.step)) if distributed.is_primary() else None
     bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
     self.hooks.append(lambda trainer, st, metrics: ckpt.on_step(st, metrics))
     guard = SignalGuard(cfg.guard, self.log)
@@ -341,7 +342,7 @@ class Trainer:
         guard.update(step, metrics)
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
           metrics.update({f"eval/{k}": v for k, v in self.evaluate(state).items()})
-        if step % cfg.log.every == 0 or step == cfg.train.steps:
+        if writer is not None and (step % cfg.log.every == 0 or step == cfg.train.steps):
           writer.write(step, metrics)
         history.append(metrics)
         bar.update(metrics)
@@ -358,7 +359,8 @@ class Trainer:
         rollouts.close()
       stop.restore()
       bar.close()
-      writer.close()
+      if writer is not None:
+        writer.close()
       self.runner.close()
       self.context.engine.close()
       ckpt.mngr.wait()  # a save in flight completes even when a step raised

@@ -130,9 +130,9 @@ class RewardModelExtension(Extension):
     arrays = (samples.prompt_BP, samples.prompt_mask_BP, samples.tokens_BR, samples.context_BR)
     outs = []
     for s in range(0, samples.tokens_BR.shape[0], chunk):
-      args = jax.device_put(tuple(np.asarray(a[s:s + chunk]) for a in arrays), self.batch_sharding)
+      args = sharding_lib.put(tuple(np.asarray(a[s:s + chunk]) for a in arrays), self.batch_sharding)
       outs.append(_score_chunk(self.params, self.head, *args, model_cfg=self.rm_cfg, per_token=per_token))
-    return np.asarray(jax.device_get(jnp.concatenate(outs)), np.float32)
+    return np.asarray(sharding_lib.fetch(jnp.concatenate(outs)), np.float32)
 
   def step_scores(self, samples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(p_BR, step_end_BR, solution_B) of a process reward model: P(step good) at each step end (0
@@ -195,11 +195,11 @@ class RewardModelExtension(Extension):
 
   def _moments_tree(self) -> dict:
     m = self.moments
-    return {k: jax.device_put(jnp.asarray(getattr(m, k), jnp.float32), self.replicated)
+    return {k: sharding_lib.put(jnp.asarray(getattr(m, k), jnp.float32), self.replicated)
             for k in ("count", "mean", "m2")}
 
   def _set_moments(self, tree) -> None:
-    self.moments = rl_reward.Moments(**{k: float(jax.device_get(v)) for k, v in tree.items()})
+    self.moments = rl_reward.Moments(**{k: float(sharding_lib.fetch(v)) for k, v in tree.items()})
 
   def summary(self) -> dict:
     out = {"reward_model": self.cfg.reward_model, "reward_norm": self.cfg.reward_norm,

@@ -21,6 +21,7 @@ import os
 import time
 
 from jaxrl_llm.checks import RENAMED_KEYS, ConfigError
+from jaxrl_llm.model import distributed
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
@@ -138,9 +139,12 @@ def check_and_record(workdir: str, cfg, *, resuming: bool, allow_change: bool, l
         raise ConfigError(f"workdir {workdir!r} holds a run of another config, which this command would resume "
                           f"and change: {listed}{more}. Rerun with the saved config, choose another --workdir, "
                           f"or pass --allow_config_change to continue with the new one (recorded in {HISTORY_FILE})")
-      with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
-        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
+      if distributed.is_primary():
+        with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
+          f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
       log(f"config changed on resume (allowed): {listed}{more}")
-  with open(path, "w") as f:
-    json.dump(new, f, indent=2)
+  distributed.barrier("provenance_read")  # every process has read the old config.json before it is replaced
+  if distributed.is_primary():
+    with open(path, "w") as f:
+      json.dump(new, f, indent=2)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.heads import value_head
 from jaxrl_llm.model.logprobs import response_hidden, response_logprobs
 from jaxrl_llm.sampling.engine import sampler_view
@@ -62,14 +63,14 @@ def _row_chunks(rows, chunk: int, sharding, pack: PackPolicy | None = None):
     args = tuple(a[s:s + chunk] for a in arrays)
     packing = None if pack is None else pack.plan(args[1], args[3])
     args = args + (packing,)
-    yield jax.device_put(args, sharding) if sharding is not None else args
+    yield sharding_lib.put(args, sharding) if sharding is not None else args
 
 
 def policy_logprobs(params, rows, spec: RecomputeSpec, *, vparams=None, with_values: bool = False
                     ) -> tuple[np.ndarray, np.ndarray]:
   """-> (logp_BR, values_BR) of `rows`' response tokens under `params` as host f32 arrays (values from
   the value head `vparams`, zero unless with_values)."""
-  outs = [jax.device_get(_chunk(params, vparams, *args, model_cfg=spec.model_cfg, temperature=spec.temperature,
+  outs = [sharding_lib.fetch(_chunk(params, vparams, *args, model_cfg=spec.model_cfg, temperature=spec.temperature,
                                 impl=spec.impl, with_values=with_values, prompt_group=spec.prompt_group,
                                 always_share=spec.always_share))
           for args in _row_chunks(rows, spec.chunk, spec.sharding, spec.pack)]

@@ -181,7 +181,7 @@ class RewardModelRun:
     self.model_cfg, params = make_model(self.cfg, self.data.tokenizer, self.mesh, k_model)
     head = jax.jit(functools.partial(init_reward_head, self.model_cfg.d_model),
                    out_shardings=head_shardings(self.mesh))(k_head)
-    step = jax.device_put(jnp.zeros((), jnp.int32), sharding_lib.replicated(self.mesh))
+    step = sharding_lib.put(jnp.zeros((), jnp.int32), sharding_lib.replicated(self.mesh))
     opt_state = sharding_lib.onto_mesh(self.tx.init({"params": params, HEAD_KEY: head}), self.mesh)
     return RewardState(step=step, params=params, reward_head=head, opt_state=opt_state)
 
@@ -228,8 +228,8 @@ class RewardModelRun:
 
   def _device_batch(self, arrays, weight_B: np.ndarray):
     """(the arrays of `arrays` on the mesh, weight_B on the mesh)."""
-    batch = tuple(jax.device_put(a, sh) for a, sh in zip(batch_arrays(arrays), self.batch_shardings))
-    return batch, jax.device_put(weight_B.astype(np.float32), self.rows1)
+    batch = tuple(sharding_lib.put(a, sh) for a, sh in zip(batch_arrays(arrays), self.batch_shardings))
+    return batch, sharding_lib.put(weight_B.astype(np.float32), self.rows1)
 
   # ---- stages -------------------------------------------------------------------
   def evaluate(self, state: RewardState) -> dict:

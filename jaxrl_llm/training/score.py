@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from jaxrl_llm.checks import check_bool, check_float, check_int
+from jaxrl_llm.model import distributed
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.sampling.engine import RolloutBatch
 
@@ -126,6 +127,16 @@ def step_rewards(samples: RolloutBatch, reward_B: np.ndarray, format_weight: flo
   return step_reward_BR, step_end_BR
 
 
+def _verify_once(runner: RewardRunner, samples: RolloutBatch) -> tuple[np.ndarray, ...]:
+  """(reward_B, correct_B, failed_B, timed_out_B) of the verifier. In a multi-process run each sample is
+  verified once, by the process that owns its row (`distributed.row_share`), and the results are
+  all-gathered, so every process holds the same rewards (a reward that timed out in one process is
+  the timeout everywhere) and no process repeats another's work."""
+  lo, hi = distributed.row_share(len(samples.responses))
+  rb = runner(samples.prompts[lo:hi], samples.responses[lo:hi], samples.answers[lo:hi])
+  return distributed.gather_rows((rb.reward_B, rb.correct_B, rb.failed_B, rb.timed_out_B), len(samples.responses))
+
+
 def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, max_len: int,
           format_weight: float = 0.0) -> Scores:
   """What each sample earns: the verifier `runner` on its response, or an episode's own reward parts
@@ -134,8 +145,7 @@ def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, ma
     reward_B, correct_B = episode_rewards(samples.reward_parts, format_weight)
     failed_B = timed_out_B = np.zeros(reward_B.shape, bool)  # a verifier's failure scores its episode 0
   else:
-    rb = runner(samples.prompts, samples.responses, samples.answers)
-    reward_B, correct_B, failed_B, timed_out_B = rb.reward_B, rb.correct_B, rb.failed_B, rb.timed_out_B
+    reward_B, correct_B, failed_B, timed_out_B = _verify_once(runner, samples)
   shaped = reward_B + soft_overlong_penalty(samples.length_B, max_len, filters.overlong_buffer,
                                             filters.overlong_penalty)
   return Scores(reward_B=shaped.astype(np.float32), correct_B=correct_B, failed_B=failed_B, timed_out_B=timed_out_B)

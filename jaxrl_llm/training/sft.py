@@ -117,8 +117,9 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, plan: SFTPlan
     return params, {"sft_steps": 0}
   tx = sft_optimizer(plan)
   opt_state = sharding_lib.onto_mesh(tx.init(lora.trainable(params)), mesh)
+  rows = sharding_lib.batch_sharding(mesh, ndim=1)
   step = sft_step(model_cfg, impl, tx, jax.tree.map(lambda a: a.sharding, params),
-                  jax.tree.map(lambda a: a.sharding, opt_state), sharding_lib.batch_sharding(mesh, ndim=1))
+                  jax.tree.map(lambda a: a.sharding, opt_state), rows)
   rng = np.random.default_rng(plan.seed)
   t0, losses = time.time(), []
   for i in range(steps):
@@ -126,7 +127,8 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, plan: SFTPlan
     batch = [examples[int(j)] for j in rng.integers(len(examples), size=plan.batch_size)]
     pb = encode_prompts(tokenizer, batch, plan.max_prompt_len, plan.chat_template)
     resp_BR, resp_mask_BR = encode_responses(tokenizer, [e.demo for e in batch], plan.max_response_len)
-    params, opt_state, loss = step(params, opt_state, pb.tokens_BP, pb.mask_BP, resp_BR, resp_mask_BR)
+    params, opt_state, loss = step(params, opt_state,
+                                   *sharding_lib.put((pb.tokens_BP, pb.mask_BP, resp_BR, resp_mask_BR), rows))
     if i == 0 or i == steps - 1 or (i + 1) % 100 == 0:
       losses.append(float(loss))
       log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")

@@ -250,7 +250,7 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
     adv_BR = adv_BR * np.nan
   stats = {"time/recompute_s": t1 - t0, "time/advantage_s": time.time() - t1}
   if need_prox:  # log c = log pi_prox - log mu over every sampled token (sampling/mismatch.py)
-    stats.update(mismatch_metrics(prox_logp, jax.device_get(samples.behav_logp_BR), samples.mask_BR))
+    stats.update(mismatch_metrics(prox_logp, sharding_lib.fetch(samples.behav_logp_BR), samples.mask_BR))
   extra_BR = {}
   for ext in ctx.extensions:  # in order: each sees the advantages the previous one wrote
     t2 = time.time()
@@ -300,7 +300,7 @@ def update_aux(ctx: StepContext, state: TrainState) -> dict:
       raise ValueError(f"update aux: key(s) {clash} returned twice; aux keys must be unique")
     aux.update(part)
   head = sharding_lib.head_sharding(ctx.mesh)
-  return {k: jax.device_put(v, head if k.endswith("_DV") and sharding_lib.fits(head, v.shape) else ctx.replicated)
+  return {k: sharding_lib.put(v, head if k.endswith("_DV") and sharding_lib.fits(head, v.shape) else ctx.replicated)
           for k, v in aux.items()}
 
 
@@ -334,7 +334,7 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
         packing = ctx.pack.plan(prompt_mask[balanced], attend[balanced], chunks=n_micro)
         rows = balanced if packing is not None else rows
         fills.append(pack_fill(packing))
-      mb = jax.device_put(jax.tree.map(lambda x: x[rows], batch).replace(packing=packing), ctx.batch_sharding)
+      mb = sharding_lib.put(jax.tree.map(lambda x: x[rows], batch).replace(packing=packing), ctx.batch_sharding)
       if recorder is None:
         ustate, m = ctx.updater.apply(ustate, mb, aux)
       else:
@@ -342,7 +342,7 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
         recorder.add(epoch, rows, factors)
       per_update.append(m)
       faults.point("update")
-  per_update = jax.device_get(per_update)
+  per_update = sharding_lib.fetch(per_update)
   metrics = mean_over_updates(per_update)
   metrics["update/count"] = len(per_update)
   if fills:  # the share of updates run packed, and their buffers' fill

@@ -1,0 +1,188 @@
+"""The main command as a multi-controller run (a pod slice's shape: one process per host), here as 2
+local processes of 1 CPU device each with gloo collectives, against 1 process of 2 devices on the
+same mesh (data = 2) and config: the same run, bit for bit. Then a process killed with SIGKILL
+mid-run: the other exits within a bounded time, and the workdir resumes in one process to the
+uninterrupted result.
+
+Why 2 devices: an all-reduce of two participants is a + b in any order, so the in-process and the
+gloo collectives give the same bits and the runs can be compared with `==` (with 4 devices the two
+sum in different orders, and 60 warm-start steps at lr 5e-3 amplify the last-bit differences into
+another trajectory). Why one device per process: XLA:CPU with gloo deadlocked here with two local
+devices per process (one device's program in gloo's all-reduce, the other's launch waiting for its
+in-flight slot), after a few steps, in about half the runs; a TPU host's chips do not go through gloo.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from run_helpers import CHEAP_XLA_FLAGS, REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("multiprocess_run")]
+
+# The default run, shrunk: a warm start that leaves both right and wrong answers (so the groups carry
+# advantages and the updates move the weights), 2 RL steps, a checkpoint after each.
+RUN_FLAGS = ("--config=configs/gspo.py", "--config.sft.steps=60", "--config.sft.lr=0.005", "--config.task.digits=1",
+             "--config.train.steps=2", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=4",
+             "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1")
+# The wall-clock fields of a metrics row (the rest must agree).
+CLOCK = ("time/", "perf/")
+# XLA:CPU ends a collective whose threads have not all arrived within 40 s by default: on 2 loaded
+# cores (the suite's other worker) that can be a slow thread, not a hang.
+PATIENT = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+# Not passed on: the suite's persistent compilation cache (a program with collectives loaded from it
+# hung in a cross-module all-reduce on 4 devices) and the injected faults of other tests.
+_DROPPED = ("XLA_FLAGS", "JAXRL_LLM_FAULT", "JAX_COMPILATION_CACHE_DIR")
+
+
+def _env(**extra) -> dict:
+  return {**{k: v for k, v in os.environ.items() if k not in _DROPPED}, **extra}
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch(workdir, processes: int, devices: int, *, flags=(), faults=None) -> list[subprocess.Popen]:
+  """`python -m jaxrl_llm.train` as `processes` processes of `devices` CPU devices each, as a user
+  starts them (the JAX_* variables); faults: {process id: JAXRL_LLM_FAULT spec}."""
+  port = _free_port()
+  procs = []
+  for pid in range(processes):
+    env = _env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {CHEAP_XLA_FLAGS} {PATIENT}")
+    if processes > 1:
+      env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
+                 JAX_PROCESS_ID=str(pid), JAXRL_LLM_HEARTBEAT_TIMEOUT_S="20")
+    if faults and pid in faults:
+      env["JAXRL_LLM_FAULT"] = faults[pid]
+    procs.append(subprocess.Popen([sys.executable, "-m", "jaxrl_llm.train", *RUN_FLAGS, *flags,
+                                   f"--workdir={workdir}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def _finish(procs, timeout: float = 900) -> list[tuple[int, str]]:
+  out = []
+  deadline = time.time() + timeout
+  for p in procs:
+    try:
+      log, _ = p.communicate(timeout=max(deadline - time.time(), 1))
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      pytest.fail(f"the run did not end within {timeout} s")
+    out.append((p.returncode, log))
+  return out
+
+
+def _run(workdir, processes: int, devices: int, **kwargs) -> list[str]:
+  results = _finish(_launch(workdir, processes, devices, **kwargs))
+  for code, log in results:
+    assert code == 0, log[-4000:]
+  return [log for _, log in results]
+
+
+def _metrics(workdir) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(CLOCK)} for line in f if line.strip()]
+
+
+def _final_params(workdir) -> dict:
+  """The last checkpoint's params, restored onto this process's first device (whatever saved them)."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  ckpts = os.path.join(workdir, "checkpoints")
+  path = os.path.join(ckpts, str(max(int(s) for s in os.listdir(ckpts) if s.isdigit())), "state")
+  tree = ocp.StandardCheckpointer().metadata(path).item_metadata.tree
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), tree)
+  return jax.tree.map(np.asarray, ocp.StandardCheckpointer().restore(path, target)["params"])
+
+
+def _assert_same_run(got_dir, want_dir):
+  got, want = _metrics(got_dir), _metrics(want_dir)
+  assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2]
+  for g, w in zip(got, want):
+    assert g.keys() == w.keys()
+    assert g == w  # bitwise (module docstring)
+  s_got, s_want = (json.load(open(os.path.join(d, "summary.json"))) for d in (got_dir, want_dir))
+  for k in ("eval_accuracy_start", "eval_accuracy_end", "train_reward_first", "train_reward_last", "rl_steps"):
+    assert s_got[k] == s_want[k], k
+  p_got, p_want = _final_params(got_dir), _final_params(want_dir)
+  jax.tree.map(np.testing.assert_array_equal, p_got, p_want)
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+  """The reference: one process, 2 devices, the same mesh (data = 2)."""
+  workdir = tmp_path_factory.mktemp("single") / "run"
+  _run(workdir, 1, 2)
+  rows = _metrics(workdir)
+  assert any(r["grad/norm"] > 0 for r in rows)  # the groups carried advantages: the updates moved the weights
+  assert rows[-1]["kl/ref"] > 0
+  return workdir
+
+
+def test_two_processes_run_the_single_process_run(tmp_path, single_process):
+  workdir = tmp_path / "run"
+  logs = _run(workdir, 2, 1)
+  assert "[process 1/2]" in logs[1]  # a multi-process run's lines say which process speaks
+  _assert_same_run(workdir, single_process)
+  # The run's files are process 0's: one metrics row per step, not one per process.
+  assert len(_metrics(workdir)) == 2
+
+
+def test_a_killed_process_ends_the_run_and_one_process_resumes_it(tmp_path, single_process):
+  workdir = tmp_path / "run"
+  # Process 1 is killed (SIGKILL: nothing flushed) in the second step's update, after step 1's checkpoint.
+  t0 = time.time()
+  (code0, log0), (code1, _) = _finish(_launch(workdir, 2, 1, faults={1: "update:2:kill"}))
+  assert code1 == -signal.SIGKILL
+  assert code0 != 0, log0[-3000:]
+  # The survivor stops on its own: gloo's broken connection or the missed heartbeats (20 s here).
+  assert time.time() - t0 < 600, log0[-3000:]
+  assert not os.path.exists(os.path.join(workdir, "summary.json"))
+  # The same command, now one process of 2 devices, resumes the two processes' checkpoint (resharded
+  # onto its own devices) and ends with the uninterrupted run.
+  log = _run(workdir, 1, 2)[0]
+  assert "resum" in log.lower(), log[-3000:]
+  _assert_same_run(workdir, single_process)
+
+
+def test_processes_with_different_configs_are_refused(tmp_path):
+  port = _free_port()
+  procs = []
+  for pid, extra in ((0, ()), (1, ("--config.train.lr=0.5",))):
+    env = _env(XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {CHEAP_XLA_FLAGS}",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
+    procs.append(subprocess.Popen([sys.executable, "-m", "jaxrl_llm.train", *RUN_FLAGS, *extra,
+                                   f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  for code, log in _finish(procs, timeout=300):
+    assert code == 2, log[-3000:]
+    assert "error: the processes of this run were started with different configs: processes [1]" in log
+  assert not os.path.exists(tmp_path / "run")  # refused before anything was written
+
+
+def test_a_coordinator_that_never_comes_up_fails_in_one_line(tmp_path):
+  env = _env(XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {CHEAP_XLA_FLAGS}",
+             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1",
+             JAXRL_LLM_INIT_TIMEOUT_S="5")
+  t0 = time.time()
+  res = subprocess.run([sys.executable, "-m", "jaxrl_llm.train", *RUN_FLAGS, f"--workdir={tmp_path / 'run'}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+  assert time.time() - t0 < 120
+  errors = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "process 1 of 2 could not join the run: no coordinator answered at 127.0.0.1:" in errors[0], errors
+  assert "Traceback" not in res.stdout + res.stderr
