@@ -102,6 +102,25 @@ def read_cells(out: str) -> list[dict]:
   return cells
 
 
+# Gold accuracy moves this much or more to count as a rise or a fall (sampled accuracy of 64 prompts x 8
+# samples per step, averaged over the window and the seeds: its noise is about 0.01).
+SHAPE_MARGIN = 0.03
+
+
+def gold_shape(smooth: np.ndarray, margin: float = SHAPE_MARGIN) -> str:
+  """The smoothed gold curve's shape: rise_then_fall (the peak above both the start and the end by
+  `margin`), fall (ends `margin` below its start without rising first), rise, or flat. A peak at the
+  first window alone is no rise: it is where a curve that only falls has its maximum."""
+  start, end, peak = float(smooth[0]), float(smooth[-1]), float(np.max(smooth))
+  if peak - start > margin and peak - end > margin:
+    return "rise_then_fall"
+  if start - end > margin:
+    return "fall"
+  if end - start > margin:
+    return "rise"
+  return "flat"
+
+
 def curves(cells: list[dict]) -> list[dict]:
   """Per (noise, kl_coef): the seeds' mean per step of KL, proxy and gold, and their summary numbers."""
   out = []
@@ -134,6 +153,8 @@ def curves(cells: list[dict]) -> list[dict]:
                      for c, e in zip(group, evals)],
         "gold_smoothed_peak": float(smooth[peak]), "gold_smoothed_peak_step": peak + window,
         "gold_smoothed_end": float(smooth[-1]), "gold_window": window,
+        # the earliest step a smoothed peak can be reported at is `window`: a peak there is the start
+        "gold_smoothed_start": float(smooth[0]), "gold_shape": gold_shape(smooth),
     })
   return out
 
@@ -153,7 +174,7 @@ def plot(groups: list[dict], path: str) -> None:
       c = colours(coefs.index(g["kl_coef"]) / max(1, len(coefs) - 1))
       ax.plot(g["kl_mean"], g["proxy_mean"], color=c, label=f"proxy, beta={g['kl_coef']:g}")
       twin.plot(g["kl_mean"], g["gold_mean"], color=c, linestyle="--", alpha=0.8)
-    ax.set_xlabel("KL(pi || pi_init), nats per answer")
+    ax.set_xlabel("KL(pi || pi_init) (kl/ref), nats per token")
     ax.set_ylabel("proxy: reward-model score (solid)")
     twin.set_ylabel("gold: sampled accuracy (dashed)")
     twin.set_ylim(0, 1)
@@ -195,7 +216,8 @@ def main(argv=None) -> int:
           f"{np.mean(g['eval_start']) if g['eval_start'] else float('nan'):.3f} -> "
           f"{np.mean(g['eval_end']) if g['eval_end'] else float('nan'):.3f} +/- "
           f"{np.std(g['eval_end']) if g['eval_end'] else float('nan'):.3f}; sampled gold peak "
-          f"{g['gold_smoothed_peak']:.3f} at step {g['gold_smoothed_peak_step']}, end {g['gold_smoothed_end']:.3f}")
+          f"{g['gold_smoothed_peak']:.3f} at step {g['gold_smoothed_peak_step']}, end {g['gold_smoothed_end']:.3f} "
+          f"({g['gold_shape']})")
   print(f"wall {result['wall_s']:.0f} s; load {load0[0]:.1f} -> {result['loadavg_end'][0]:.1f}; "
         f"{os.path.join(out, 'overoptimisation.json')}")
   return 0

@@ -56,3 +56,16 @@ def test_method_specs_parse_in_the_lab():
   spec = parse_method(mod.method(0.05, 0.3, "/runs/o"), preset_names(os.path.join(REPO, "configs")))
   assert dict(spec.overrides) == {"objective.kl_coef": "0.05", "objective.kl_placement": "reward",
                                   "objective.kl_estimator": "k1", "data.reward_model": "/runs/o/rm/noise0.3"}
+
+
+def test_gold_shape_tells_a_rise_and_fall_from_a_fall():
+  oo = _script()
+  # Smoothed gold accuracy per step: margins of 0.03 (SHAPE_MARGIN).
+  assert oo.gold_shape(np.array([0.50, 0.60, 0.70, 0.55])) == "rise_then_fall"
+  # Largest at the first window and falling after it: the shape five of six arms had, not a peak.
+  assert oo.gold_shape(np.array([0.70, 0.66, 0.60, 0.52])) == "fall"
+  assert oo.gold_shape(np.array([0.50, 0.60, 0.70, 0.69])) == "rise"
+  assert oo.gold_shape(np.array([0.60, 0.62, 0.61, 0.60])) == "flat"
+  # A rise within the noise then a fall is a fall.
+  assert oo.gold_shape(np.array([0.60, 0.62, 0.50])) == "fall"
+
