@@ -15,6 +15,7 @@ nothing else of the package, so every layer may use it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from typing import Any, Iterable
@@ -116,3 +117,24 @@ def check_keys(section: str, given: Iterable[str], expected: Iterable[str]) -> N
         hints.append(f"{key!r} -> {close[0]!r}?")
     hint = f" (did you mean {', '.join(hints)})" if hints else ""
     raise ConfigError(f"{section}: unknown keys {unknown}, missing keys {missing}{hint}")
+
+
+def section_from_dict(name: str, cls: type, block: dict):
+  """A config section's dict as its dataclass `cls`, every key checked (`check_keys`).
+
+  A field whose default is a dataclass is a section inside the section (rollout.mismatch, model.lora):
+  a dict there is parsed the same way, and a block that leaves it out keeps its default (the reward
+  model's config has no model.lora). A library class's own error gets the section's name.
+  """
+  fields = dataclasses.fields(cls)
+  inner = {f.name: type(f.default) for f in fields if dataclasses.is_dataclass(f.default)}
+  check_keys(f"config.{name}", block, [f.name for f in fields if f.name in block or f.name not in inner])
+  block = {k: section_from_dict(f"{name}.{k}", inner[k], v) if k in inner and isinstance(v, dict) else v
+           for k, v in block.items()}
+  try:
+    return cls(**block)
+  except ConfigError as e:
+    if "config." in str(e):
+      raise
+    raise type(e)(f"config.{name}: {e}") from None
+

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
-from jaxrl_llm.checks import ConfigError, bad, check_bool, check_choice, check_float, check_int, check_keys
+from jaxrl_llm.checks import (bad, check_bool, check_choice, check_float, check_int, check_keys,
+                              section_from_dict)
 from jaxrl_llm.model.config import ModelSpec
 from jaxrl_llm.model.gguf_io import resolve_model_path
 from jaxrl_llm.model.sharding import MeshConfig
@@ -179,25 +180,12 @@ class RewardModelConfig:
     return dataclasses.asdict(self)
 
 
-def _section(name: str, cls: type, block: dict):
-  # A field that is a section of its own (model.lora) keeps its default where the block leaves it out:
-  # the reward model trains its whole trunk, so its config has no model.lora.
-  check_keys(f"config.{name}", block, [f.name for f in dataclasses.fields(cls)
-                                       if f.name in block or not dataclasses.is_dataclass(f.default)])
-  try:
-    return cls(**block)
-  except ConfigError as e:
-    if "config." in str(e):
-      raise
-    raise type(e)(f"config.{name}: {e}") from None  # a library class's field name: say which section
-
-
 def reward_config_from_dict(cd) -> RewardModelConfig:
   """The locked ConfigDict of configs/reward_model.py (or its dict) as a RewardModelConfig."""
   d = cd.to_dict() if hasattr(cd, "to_dict") else dict(cd)
   check_keys("config", d, set(REWARD_SECTIONS) | set(REWARD_TOP_KEYS))
   cfg = RewardModelConfig(**{k: d[k] for k in REWARD_TOP_KEYS},
-                          **{name: _section(name, cls, d[name]) for name, cls in REWARD_SECTIONS.items()})
+                          **{name: section_from_dict(name, cls, d[name]) for name, cls in REWARD_SECTIONS.items()})
   # A .gguf checkpoint -> the Hugging Face directory converted from it (model/gguf_io.py), as the RL run does.
   hf_path = resolve_model_path(cfg.model.hf_path, field="config.model.hf_path", chat_template=cfg.data.chat_template)
   init = resolve_model_path(cfg.init_checkpoint, field="config.init_checkpoint")

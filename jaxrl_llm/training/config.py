@@ -15,7 +15,8 @@ import dataclasses
 import functools
 
 from jaxrl_llm.checkpointing.config import CheckpointConfig
-from jaxrl_llm.checks import ConfigError, bad, check_bool, check_choice, check_float, check_int, check_keys
+from jaxrl_llm.checks import (ConfigError, bad, check_bool, check_choice, check_float, check_int, check_keys,
+                              section_from_dict)
 from jaxrl_llm.envs.config import NO_ENV, EnvConfig
 from jaxrl_llm.envs.registry import env_names
 from jaxrl_llm.kernels.config import KernelsConfig
@@ -324,20 +325,6 @@ def resolve_objective(method: str, block: dict) -> ObjectiveConfig:
     raise ConfigError(f"config.objective: {e}") from None
 
 
-def _section(name: str, cls: type, block: dict):
-  check_keys(f"config.{name}", block, [f.name for f in dataclasses.fields(cls)])
-  # A section inside the section (rollout.mismatch, rollout.server): a field whose default is its dataclass.
-  inner = {f.name: type(f.default) for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.default)}
-  block = {k: _section(f"{name}.{k}", inner[k], v) if k in inner and isinstance(v, dict) else v
-           for k, v in block.items()}
-  try:
-    return cls(**block)
-  except ConfigError as e:
-    if "config." in str(e):
-      raise
-    raise type(e)(f"config.{name}: {e}") from None  # a library class's field name: say which section
-
-
 def from_config_dict(cd) -> RunConfig:
   """Converts a (locked) ml_collections ConfigDict, or its dict, once into a RunConfig."""
   d = cd.to_dict() if hasattr(cd, "to_dict") else dict(cd)
@@ -346,7 +333,7 @@ def from_config_dict(cd) -> RunConfig:
   required = set(SECTIONS) - set(OPTIONAL_SECTIONS)
   check_keys("config", set(d) | set(OPTIONAL_SECTIONS), required | set(OPTIONAL_SECTIONS) |
              {"method", "seed", "workdir_root", "objective"})
-  sections = {name: _section(name, cls, d[name]) for name, cls in SECTIONS.items() if name in d}
+  sections = {name: section_from_dict(name, cls, d[name]) for name, cls in SECTIONS.items() if name in d}
   cfg = RunConfig(method=d["method"], seed=d["seed"], workdir_root=d["workdir_root"],
                   objective=resolve_objective(d["method"], d["objective"]), init_checkpoint=init_checkpoint, name=name,
                   **sections)

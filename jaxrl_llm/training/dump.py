@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 import numpy as np
 
 from jaxrl_llm.model import sharding as sharding_lib
