@@ -1,4 +1,4 @@
-"""The scored batch an update consumes, and the value head of PPO."""
+"""The scored batch an update consumes (the value head of PPO is model/heads.py's)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ class TrainBatch:
   topk_ids_BRK: jax.Array  # int32 [B, R, K] mu's top-k ids (Score Centering, top-k form); K = 0 when unused
   topk_logp_BRK: jax.Array  # f32 [B, R, K] log mu at those ids
   behav_hidden_BRD: jax.Array  # [B, R, D] the sampler's final hidden states, in its dtype (TRM); D = 0 unused
-  extra_BR: dict  # name -> f32 [B, R]: extra per-token inputs to the loss (e.g. teacher log-probs)
+  # name -> an array whose leading axes are [B, R]: the extensions' per-token inputs to the loss (the
+  # teacher's: weights f32 [B, R], top-k ids int32 [B, R, K] and log-probs, hidden states [B, R, D])
+  extra_BR: dict
   # bool [B, R] what the forward passes attend to: mask_BR plus an episode's observations (context for
   # later turns, weight zero in every loss term and statistic); None: mask_BR (single-turn samples)
   context_BR: jax.Array | None = None
