@@ -180,6 +180,8 @@ def main(argv):
   from absl import flags, logging  # pylint: disable=import-outside-toplevel
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
+  from jaxrl_llm.model.distributed import single_process_only  # pylint: disable=import-outside-toplevel
+  single_process_only("python -m jaxrl_llm.evaluate")
   f = flags.FLAGS
   if f.all_steps and f.step is not None:
     from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel

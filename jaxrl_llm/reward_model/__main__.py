@@ -30,9 +30,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
+  from jaxrl_llm.model.distributed import single_process_only
   from jaxrl_llm.reward_model.config import reward_config_from_dict
   from jaxrl_llm.training.reward_loop import RewardModelRun
 
+  single_process_only("python -m jaxrl_llm.reward_model")
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/reward_model.py is required")
   cfg = reward_config_from_dict(_CONFIG.value)
