@@ -214,11 +214,16 @@ def log_prefix() -> str:
   return f"[process {jax.process_index()}/{jax.process_count()}] " if jax.process_count() > 1 else ""
 
 
-def row_share(n_rows: int) -> tuple[int, int]:
-  """[lo, hi): the contiguous rows of a host batch this process owns (all of them with one process)."""
+def _row_bounds(n_rows: int):
+  """The processes' contiguous shares of n_rows rows: process p owns [bounds[p], bounds[p + 1])."""
   import numpy as np  # pylint: disable=import-outside-toplevel
 
-  bounds = np.linspace(0, n_rows, jax.process_count() + 1).astype(int)
+  return np.linspace(0, n_rows, jax.process_count() + 1).astype(int)
+
+
+def row_share(n_rows: int) -> tuple[int, int]:
+  """[lo, hi): the contiguous rows of a host batch this process owns (all of them with one process)."""
+  bounds = _row_bounds(n_rows)
   return int(bounds[jax.process_index()]), int(bounds[jax.process_index() + 1])
 
 
@@ -230,7 +235,7 @@ def gather_rows(local, n_rows: int):
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
 
-  bounds = np.linspace(0, n_rows, jax.process_count() + 1).astype(int)
+  bounds = _row_bounds(n_rows)
   size = int(np.max(np.diff(bounds)))
 
   def one(x):

@@ -15,11 +15,10 @@ import jax
 import numpy as np
 
 from jaxrl_llm import faults
-from jaxrl_llm.model import distributed
 from jaxrl_llm.sampling.config import RolloutConfig
 from jaxrl_llm.sampling.engine import sample_batch
 from jaxrl_llm.tasks.pipeline import encode_prompts
-from jaxrl_llm.training.score import episode_rewards
+from jaxrl_llm.training.score import episode_rewards, verify_once
 
 SAMPLE_KEY_SEED = 1  # PRNG seed of the sampled answers (greedy needs none)
 
@@ -49,9 +48,9 @@ class Evaluator:
     """RewardBatch-like (reward_B, correct_B) of the first `keep` samples."""
     if smp.episodic:
       return episode_rewards(smp.reward_parts[:keep], self.episodes.format_weight)
-    lo, hi = distributed.row_share(keep)  # each sample verified once, by its row's process (training/score.py)
-    rb = self.runner(smp.prompts[lo:hi], smp.responses[lo:hi], smp.answers[lo:hi])
-    return distributed.gather_rows((rb.reward_B, rb.correct_B), keep)
+    reward_B, correct_B, _, _ = verify_once(self.runner, smp.prompts[:keep], smp.responses[:keep],
+                                            smp.answers[:keep])
+    return reward_B, correct_B
 
   def _batches(self, examples, batch_size: int):
     """(padded example chunk, number of real examples) of `batch_size` rows, one compiled shape."""

@@ -127,14 +127,15 @@ def step_rewards(samples: RolloutBatch, reward_B: np.ndarray, format_weight: flo
   return step_reward_BR, step_end_BR
 
 
-def _verify_once(runner: RewardRunner, samples: RolloutBatch) -> tuple[np.ndarray, ...]:
+def verify_once(runner: RewardRunner, prompts, responses, answers) -> tuple[np.ndarray, ...]:
   """(reward_B, correct_B, failed_B, timed_out_B) of the verifier. In a multi-process run each sample is
   verified once, by the process that owns its row (`distributed.row_share`), and the results are
   all-gathered, so every process holds the same rewards (a reward that timed out in one process is
-  the timeout everywhere) and no process repeats another's work."""
-  lo, hi = distributed.row_share(len(samples.responses))
-  rb = runner(samples.prompts[lo:hi], samples.responses[lo:hi], samples.answers[lo:hi])
-  return distributed.gather_rows((rb.reward_B, rb.correct_B, rb.failed_B, rb.timed_out_B), len(samples.responses))
+  the timeout everywhere) and no process repeats another's work. The RL steps and the evaluations
+  both score through it."""
+  lo, hi = distributed.row_share(len(responses))
+  rb = runner(prompts[lo:hi], responses[lo:hi], answers[lo:hi])
+  return distributed.gather_rows((rb.reward_B, rb.correct_B, rb.failed_B, rb.timed_out_B), len(responses))
 
 
 def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, max_len: int,
@@ -145,7 +146,7 @@ def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, ma
     reward_B, correct_B = episode_rewards(samples.reward_parts, format_weight)
     failed_B = timed_out_B = np.zeros(reward_B.shape, bool)  # a verifier's failure scores its episode 0
   else:
-    reward_B, correct_B, failed_B, timed_out_B = _verify_once(runner, samples)
+    reward_B, correct_B, failed_B, timed_out_B = verify_once(runner, samples.prompts, samples.responses, samples.answers)
   shaped = reward_B + soft_overlong_penalty(samples.length_B, max_len, filters.overlong_buffer,
                                             filters.overlong_penalty)
   return Scores(reward_B=shaped.astype(np.float32), correct_B=correct_B, failed_B=failed_B, timed_out_B=timed_out_B)
