@@ -15,6 +15,7 @@ import numpy as np
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.heads import value_head
+from jaxrl_llm.model.invariant import rowwise_logprobs, rowwise_values
 from jaxrl_llm.model.logprobs import response_hidden, response_logprobs
 from jaxrl_llm.sampling.engine import sampler_view
 from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched_params
@@ -49,6 +50,14 @@ class RecomputeSpec:
   prompt_group: int = 1  # G: rows in groups of G sharing a prompt, run once (model/logprobs.response_hidden)
   always_share: bool = False  # share the prompt even where it costs more FLOPs (train.share_prompt=on)
   pack: PackPolicy | None = None  # train.pack: each chunk packed where it says (training/pack.py); None: padded
+  # rollout.exact: each row alone in its padded layout (model/invariant.py), so a row's numbers do not
+  # depend on the chunk, its position, the batch's other rows or the data axis; pack and prompt_group unused
+  rowwise: bool = False
+
+  @property
+  def shards(self) -> int:
+    """The batch shards the rows are split over (1 without a sharding)."""
+    return 1 if self.sharding is None else sharding_lib.batch_shards(self.sharding.mesh)
 
 
 def _row_chunks(rows, chunk: int, sharding, pack: PackPolicy | None = None):
@@ -70,10 +79,25 @@ def policy_logprobs(params, rows, spec: RecomputeSpec, *, vparams=None, with_val
                     ) -> tuple[np.ndarray, np.ndarray]:
   """-> (logp_BR, values_BR) of `rows`' response tokens under `params` as host f32 arrays (values from
   the value head `vparams`, zero unless with_values)."""
+  if spec.rowwise:
+    return _rowwise_logprobs(params, rows, spec, vparams=vparams, with_values=with_values)
   outs = [sharding_lib.fetch(_chunk(params, vparams, *args, model_cfg=spec.model_cfg, temperature=spec.temperature,
                                 impl=spec.impl, with_values=with_values, prompt_group=spec.prompt_group,
                                 always_share=spec.always_share))
           for args in _row_chunks(rows, spec.chunk, spec.sharding, spec.pack)]
+  return (np.concatenate([o[0] for o in outs]).astype(np.float32),
+          np.concatenate([o[1] for o in outs]).astype(np.float32))
+
+
+def _rowwise_logprobs(params, rows, spec: RecomputeSpec, *, vparams, with_values: bool):
+  """policy_logprobs with spec.rowwise: model/invariant.py's programs, `spec.chunk` rows at a time."""
+  outs = []
+  for args in _row_chunks(rows, spec.chunk, spec.sharding):
+    logp_BR, hidden_BRD = rowwise_logprobs(params, *args[:5], model_cfg=spec.model_cfg, temperature=spec.temperature,
+                                           impl=spec.impl, shards=spec.shards)
+    values_BR = (rowwise_values(vparams, hidden_BRD, args[4], shards=spec.shards) if with_values
+                 else jnp.zeros_like(logp_BR))
+    outs.append(sharding_lib.fetch((logp_BR, values_BR)))
   return (np.concatenate([o[0] for o in outs]).astype(np.float32),
           np.concatenate([o[1] for o in outs]).astype(np.float32))
 
