@@ -51,6 +51,9 @@ class Observation:
   done: bool  # no further turn is sampled; implied by status (checked)
   status: str  # one of STATUSES
   detail: str = ""  # why, in one line, for logs (never shown to the model)
+  # The turn as a structured assistant message (its calls as `tool_calls`, calls.py's
+  # `assistant_message`) that the chat template renders in the history; None: the turn's text.
+  assistant: dict | None = None
 
   def __post_init__(self):
     if self.status not in STATUSES:
@@ -61,6 +64,9 @@ class Observation:
     if self.done and self.messages:
       raise ValueError(f"Observation.messages must be empty when done, got {len(self.messages)} "
                        f"(status={self.status!r})")
+    if self.done and self.assistant is not None:
+      raise ValueError(f"Observation.assistant must be None when done (status={self.status!r}): no "
+                       "observation follows the turn")
 
 
 class Env(Protocol):

@@ -94,13 +94,13 @@ class Episode:
       obs = dataclasses.replace(obs, status="context_overflow",
                                 detail=f"the turn was cut at the {budget} tokens left in the context")
     if not obs.done:
-      new_ids = self.trace.observation_ids(obs.messages)
+      new_ids = self.trace.observation_ids(obs.messages, obs.assistant)
       if len(self.trace) + len(new_ids) >= self.room:
         obs = Observation((), obs.reward_parts, True, "context_overflow",
                           f"{len(self.trace)} tokens and an observation of {len(new_ids)} leave no room for a "
                           f"turn in {self.room}")
       else:
-        self.trace.add_observation(obs.messages, new_ids)
+        self.trace.add_observation(obs.messages, new_ids, obs.assistant)
     self.reward_parts.update(obs.reward_parts)
     self.turn_parts.append({k: float(v) for k, v in obs.reward_parts.items()})
     self.status, self.detail, self.done = obs.status, obs.detail, obs.done

@@ -17,6 +17,7 @@ from typing import Any
 from jaxrl_llm.checks import check_choice
 from jaxrl_llm.envs.base import Env
 from jaxrl_llm.envs.builtin_tools import CALCULATOR, PYTHON
+from jaxrl_llm.envs.calls import resolve_tool_call_format
 from jaxrl_llm.envs.config import EnvConfig
 from jaxrl_llm.envs.pool import ToolPool
 from jaxrl_llm.envs.tool_env import ToolEnv
@@ -52,8 +53,11 @@ def make_pool(cfg: EnvConfig) -> ToolPool:
 
 def _tool_env(*tools):
   def factory(cfg: EnvConfig, task: Task, pool: ToolPool, tokenizer) -> Env:
+    # "auto": the family of the tokenizer's chat template (envs/calls.py)
+    fmt = resolve_tool_call_format(cfg.tool_call_format, getattr(tokenizer, "chat_template", None))
     return ToolEnv(task, tools, pool, call_format=cfg.call_format, max_turns=cfg.max_turns,
-                   tokenizer=tokenizer, name=cfg.name, instructions=cfg.instructions)
+                   tokenizer=tokenizer, name=cfg.name, instructions=cfg.instructions, tool_call_format=fmt,
+                   tools_in_template=cfg.tools_in_template, max_observation_tokens=cfg.max_observation_tokens)
   return factory
 
 

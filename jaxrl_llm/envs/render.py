@@ -16,11 +16,17 @@ Two renderers:
       delta  = render(history + turn + new, generation prompt) minus render(history + turn);
       ids    = encode(close + delta), tokenised once.
   The turn's text is a placeholder character in these renderings, so the close does not depend on
-  what was sampled. A template that rewrites earlier text when messages are added (Qwen3's drops the
-  thinking of earlier turns) has no such delta: that is an error naming the first changed character,
+  what was sampled. A turn that called tools is instead the structured message the environment
+  parsed from it (`tool_calls` with their ids, calls.py's `assistant_message`; the tool messages
+  carry each call's `tool_call_id`), as the family's template expects its history: the close is then
+  what the template writes after its last end-of-turn token (an id of `eos_ids`) in that turn,
+  e.g. "\\n" after Qwen's "<|im_end|>", "" after Llama's "<|eot_id|>" or GPT-OSS's "<|call|>".
+  A template that rewrites earlier text when messages are added (Qwen3's drops the thinking of
+  earlier turns) has no such delta: that is an error naming the first changed character,
   never a silent re-tokenisation. For a template that is prefix-stable and a turn sampled as its
   canonical tokenisation, the ids equal transformers' `apply_chat_template(conversation,
-  tokenize=True)` (tests/envs/test_env_render.py checks SmolLM2's and Qwen2.5's templates).
+  tokenize=True)` (tests/envs/test_env_render.py checks SmolLM2's and Qwen2.5's templates,
+  tests/envs/test_call_formats.py templates of the Llama 3.1, Mistral, GPT-OSS and Qwen families).
   A turn cut before its EOS gets the template's whole close (e.g. "<|im_end|>\\n") as observation ids.
 - `PlainRenderer`: no template, for base models: the opening prompt is the messages' contents
   concatenated (after BOS when the tokenizer has one), an observation its messages' contents.
@@ -69,10 +75,10 @@ class Renderer(Protocol):
     ...
 
   def observation_ids(self, history: Sequence[dict], turn_ids: Sequence[int],
-                      messages: Sequence[dict]) -> list[int]:
+                      messages: Sequence[dict], assistant: dict | None = None) -> list[int]:
     """The ids after the turn `turn_ids` that bring in `messages`, up to where the next turn starts.
-    `history`: the conversation before that turn (opening messages, earlier turns as text, earlier
-    observations)."""
+    `history`: the conversation before that turn (opening messages, earlier turns, earlier
+    observations); `assistant`: the turn as a structured message (its tool calls), None: its text."""
     ...
 
 
@@ -108,24 +114,42 @@ class ChatRenderer:
     body = list(ids[:-1]) if self._ends_turn(ids) else list(ids)
     return {"role": "assistant", "content": self.tokenizer.decode(body, skip_special_tokens=False)}
 
+  def _close(self, rendered_turn: str, turn_ids: Sequence[int], structured: bool, n_history: int) -> str:
+    """What the template writes after the sampled turn whose rendering (after its generation prompt)
+    is `rendered_turn`, less the EOS the turn sampled."""
+    if not structured:
+      if _PLACEHOLDER not in rendered_turn:
+        raise TemplateDeltaError(f"the chat template drops an assistant turn's content after {n_history} "
+                                 f"messages: {rendered_turn[:80]!r}")
+      close = rendered_turn.split(_PLACEHOLDER, 1)[1]
+      if self._ends_turn(turn_ids):
+        close = close.removeprefix(self.tokenizer.decode([int(turn_ids[-1])], skip_special_tokens=False))
+      return close
+    sampled = self.tokenizer.decode([int(i) for i in turn_ids], skip_special_tokens=False)
+    if not self._ends_turn(turn_ids):  # no EOS sampled: the turn must be the template's text of it
+      if not rendered_turn.startswith(sampled):
+        raise TemplateDeltaError(f"a tool-call turn without EOS, {sampled[-40:]!r}, is not the chat template's "
+                                 f"text of it, {rendered_turn[:80]!r}: its close is unknown")
+      return rendered_turn[len(sampled):]
+    ends = {self.tokenizer.decode([e], skip_special_tokens=False) for e in self.tokenizer.eos_ids}
+    at = max(((rendered_turn.rfind(e), e) for e in ends if e), default=(-1, ""))
+    if at[0] == -1:
+      raise TemplateDeltaError(f"the chat template ends a tool-call turn with none of the EOS tokens "
+                               f"{sorted(ends)}: {rendered_turn[-80:]!r}")
+    return rendered_turn[at[0] + len(at[1]):]
+
   def observation_ids(self, history: Sequence[dict], turn_ids: Sequence[int],
-                      messages: Sequence[dict]) -> list[int]:
+                      messages: Sequence[dict], assistant: dict | None = None) -> list[int]:
     history = list(history)
     prompt = self._render(history, True)
-    turn = {"role": "assistant", "content": _PLACEHOLDER}
+    turn = assistant if assistant is not None else {"role": "assistant", "content": _PLACEHOLDER}
     with_turn = self._render(history + [turn], False)
     if not with_turn.startswith(prompt):
       raise TemplateDeltaError(
           f"the chat template is not prefix-stable: an assistant turn after {len(history)} messages is not "
           f"rendered where its generation prompt ends ({_diverges(with_turn, prompt)}); token-in/token-out "
           "rendering needs the turn's text to continue the generation prompt")
-    if _PLACEHOLDER not in with_turn[len(prompt):]:
-      raise TemplateDeltaError(f"the chat template drops an assistant turn's content after {len(history)} "
-                               f"messages: {with_turn[len(prompt):][:80]!r}")
-    close = with_turn[len(prompt):].split(_PLACEHOLDER, 1)[1]
-    if self._ends_turn(turn_ids):
-      eos_text = self.tokenizer.decode([int(turn_ids[-1])], skip_special_tokens=False)
-      close = close.removeprefix(eos_text)
+    close = self._close(with_turn[len(prompt):], turn_ids, assistant is not None, len(history))
     after = self._render(history + [turn] + list(messages), True)
     if not after.startswith(with_turn):
       raise TemplateDeltaError(
@@ -154,8 +178,8 @@ class PlainRenderer:
     return {"role": "assistant", "content": self.tokenizer.decode(list(ids))}
 
   def observation_ids(self, history: Sequence[dict], turn_ids: Sequence[int],
-                      messages: Sequence[dict]) -> list[int]:
-    del history, turn_ids  # plain text: what comes next does not depend on them
+                      messages: Sequence[dict], assistant: dict | None = None) -> list[int]:
+    del history, turn_ids, assistant  # plain text: what comes next does not depend on them
     return list(self.tokenizer.encode("".join(m["content"] for m in messages)))
 
 
@@ -168,7 +192,7 @@ class TokenTrace:
 
   def __init__(self, renderer: Renderer, opening: Sequence[dict]):
     self.renderer = renderer
-    self.history = [dict(m) for m in opening]  # the conversation so far, turns as text (for templates)
+    self.history = [dict(m) for m in opening]  # the conversation so far, for templates (turns as text or calls)
     ids = [int(i) for i in renderer.opening_ids(self.history)]
     self._ids, self._policy, self._turn = ids, [False] * len(ids), [0] * len(ids)
     self.prompt_len = len(ids)
@@ -194,20 +218,23 @@ class TokenTrace:
     self._last_turn = ids
     self.n_turns += 1
 
-  def observation_ids(self, messages: Sequence[dict]) -> list[int]:
-    """The ids `add_observation(messages)` would append (nothing is appended)."""
+  def observation_ids(self, messages: Sequence[dict], assistant: dict | None = None) -> list[int]:
+    """The ids `add_observation(messages, assistant=assistant)` would append (nothing is appended)."""
     if self._last_turn is None:
       raise ValueError("TokenTrace.observation_ids: no turn to follow (add_turn first)")
-    return [int(i) for i in self.renderer.observation_ids(self.history, self._last_turn, messages)]
+    return [int(i) for i in self.renderer.observation_ids(self.history, self._last_turn, messages, assistant)]
 
-  def add_observation(self, messages: Sequence[dict], ids: Sequence[int] | None = None) -> list[int]:
+  def add_observation(self, messages: Sequence[dict], ids: Sequence[int] | None = None,
+                      assistant: dict | None = None) -> list[int]:
     """Appends the observation after the last turn; returns its ids. `ids`: those observation_ids
-    returned for the same messages, to save rendering twice."""
-    ids = self.observation_ids(messages) if ids is None else [int(i) for i in ids]
+    returned for the same messages, to save rendering twice. `assistant`: the last turn as a structured
+    message (its tool calls) in the history; None: its text."""
+    ids = self.observation_ids(messages, assistant) if ids is None else [int(i) for i in ids]
     self._ids += ids
     self._policy += [False] * len(ids)
     self._turn += [self.n_turns] * len(ids)
-    self.history += [self.renderer.turn_message(self._last_turn), *(dict(m) for m in messages)]
+    turn = dict(assistant) if assistant is not None else self.renderer.turn_message(self._last_turn)
+    self.history += [turn, *(dict(m) for m in messages)]
     self._last_turn = None
     return ids
 

@@ -303,6 +303,9 @@ class RunConfig:
     if ro.record_topk:
       raise bad("config.rollout.record_topk", ro.record_topk, f"env.name={env.name!r}: episodes record no top-k "
                 "of mu yet (Score Centering's top-k form): use 0")
+    if env.tools_in_template and not self.data.chat_template:
+      raise bad("config.env.tools_in_template", True, "False with data.chat_template=False (no chat template "
+                "renders the episodes to take the tools)")
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -58,9 +58,24 @@ CUT = ("token_limit", "context_overflow")
 RoundSampler = Callable[[list, list, int], SampledTurns]
 
 
-def make_renderer(tokenizer, chat_template: bool):
-  """How an episode's messages become ids: the tokenizer's chat template, or plain text (a base model)."""
-  return ChatRenderer(tokenizer) if chat_template else PlainRenderer(tokenizer)
+def make_renderer(tokenizer, chat_template: bool, tools: Sequence[dict] | None = None):
+  """How an episode's messages become ids: the tokenizer's chat template, or plain text (a base model).
+  `tools`: the tools' JSON schemas, passed to every rendering as the template's `tools=`."""
+  if not chat_template:
+    return PlainRenderer(tokenizer)
+  return ChatRenderer(tokenizer, tools=list(tools)) if tools else ChatRenderer(tokenizer)
+
+
+def env_renderer(env_cfg, env, tokenizer, chat_template: bool):
+  """The renderer of the run's episodes: with `env.tools_in_template`, the chat template gets the
+  environment's tools (their `schema()`)."""
+  if not env_cfg.tools_in_template:
+    return make_renderer(tokenizer, chat_template)
+  tools = [t.schema() for t in getattr(env, "tools", ())]
+  if not tools:
+    raise ConfigError(f"config.env.tools_in_template=True is invalid: allowed False for env.name={env_cfg.name!r}, "
+                      "which has no tools to list")
+  return make_renderer(tokenizer, chat_template, tools)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +168,9 @@ def episode_metrics(samples: RolloutBatch) -> dict:
 def longest_opening(env_cfg, task, tokenizer, chat_template: bool, examples: Sequence[Example]) -> int:
   """Tokens of the longest opening prompt the environment writes for `examples`; a ConfigError (one
   line) when it cannot start an episode on one of them."""
-  renderer = make_renderer(tokenizer, chat_template)
   with env_registry.make_pool(env_cfg) as pool:  # no worker starts: reset calls no tool
     env = env_registry.make_env(env_cfg, task, pool, tokenizer)
+    renderer = env_renderer(env_cfg, env, tokenizer, chat_template)
     longest = 1
     for i, ex in enumerate(examples):
       try:
@@ -176,9 +191,10 @@ class EpisodePlayer:
     self.task, self.tokenizer = task, tokenizer
     self.prompt_len = run_cfg.data.max_prompt_len  # resolved to fit the openings (training/setup.py)
     self.format_weight = run_cfg.data.format_weight  # the format part's weight in an episode's reward
-    self.renderer = make_renderer(tokenizer, run_cfg.data.chat_template)
     self.pool = env_registry.make_pool(env_cfg)
-    self.stop_strings = tuple(self.make_env().stop_strings)
+    env = self.make_env()
+    self.renderer = env_renderer(env_cfg, env, tokenizer, run_cfg.data.chat_template)
+    self.stop_strings = tuple(env.stop_strings)
     self.limits = EpisodeLimits(max_turn_tokens=env_cfg.max_turn_tokens,
                                 max_context_tokens=self.prompt_len + env_cfg.max_tokens,
                                 max_response_tokens=env_cfg.max_tokens)

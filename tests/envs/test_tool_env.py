@@ -99,14 +99,15 @@ def test_each_failure_ends_its_episode_and_the_pool_goes_on(pool, turn, status):
   # The next episode, on the same pool, runs.
   env.reset(WORD_PROBLEM)
   assert env.step(call("calculator", expression="7+5")).messages == (
-      {"role": "tool", "name": "calculator", "content": "12"},)
+      {"role": "tool", "name": "calculator", "tool_call_id": "call00000", "content": "12"},)
 
 
 def test_tool_error_goes_on_and_the_model_reads_it(pool):
   env = env_for(pool)
   obs = env.step(call("calculator", expression="12/0"))
   assert (obs.status, obs.done) == ("tool_error", False)
-  assert obs.messages == ({"role": "tool", "name": "calculator", "content": "error: division by zero"},)
+  assert obs.messages == ({"role": "tool", "name": "calculator", "tool_call_id": "call00000",
+                          "content": "error: division by zero"},)
   obs = env.step(call("calculator", expression="7+5") + call("python", code="print(7 + 5)"))  # parallel calls
   assert obs.status == "tool_result"
   assert [m["content"] for m in obs.messages] == ["12", "12\n"]
