@@ -61,12 +61,17 @@ steps the policy is exported (GGUF, `server.export` type) and the server
 process restarted on it; `sync_s` / `export_s` / `reload_s` measure it. Each sample
 records the policy version it was drawn with (`RolloutBatch.version_B`).
 Every sync is then verified (`server.sync_check`, sync_check.py): the server
-must report the version pushed and score a fixed probe within the export
-type's tolerance of the trainer, or the step fails with a one-line
+must report the version pushed, score a fixed probe within the export type's
+tolerance of the trainer on the exported weights (the export's rounding
+included: `WeightSync.expected`), and, from the second sync, not closer to
+the previous sync's exported weights than to the new ones (the rule:
+sync_check.closer_to_previous), or the step fails with a one-line
 SyncCheckFailed; a sync past `server.sync_timeout_s` fails it with a
 SyncTimeout. `engine/sync_version` (the version the server reports, -1 when
-it names none), `engine/sync_probe_max_abs_dlogp`, `engine/sync_check_failures`
-and `engine/sync_timeouts` record it.
+it names none), `engine/sync_probe_max_abs_dlogp`, `engine/sync_probe_dist_new`,
+`engine/sync_probe_dist_prev` (the mean |delta log p| to the new and the
+previous exported weights), `engine/sync_check_failures` and
+`engine/sync_timeouts` record it.
 
 At start the engine checks that the server serves the expected model
 (`server.model`, /v1/models), that its vocabulary has the trainer's size
@@ -97,8 +102,8 @@ from jaxrl_llm.sampling.openai_request import APPLIED_FIELDS, Sample, read_compl
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 from jaxrl_llm.sampling.server_process import LlamaServerProcess
 from jaxrl_llm.sampling.sync_check import (
-    Deadline, SyncCheck, SyncCheckFailed, SyncTimeout, engine_logp, failure_message, probe_ids, tolerance,
-    tolerance_source, trainer_logp, version_of)
+    Deadline, SyncCheck, SyncCheckFailed, SyncTimeout, engine_logp, failure_message, probe_distances, probe_ids,
+    tolerance, tolerance_source, trainer_logp, version_of)
 from jaxrl_llm.sampling.weight_sync import Exported, NoSync, RestartSync, SGLangDiskSync, WeightSync
 
 _PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+3=5.\n"
@@ -125,6 +130,8 @@ class OpenAIEngine:
                                    "sync_timeouts"), 0)
     self.timings = dict.fromkeys(("sync_s", "export_s", "reload_s"), 0.0)
     self.last_check: SyncCheck | None = None
+    # the last verified sync: its version and its exported weights' probe log-probs (log p_prev of the next)
+    self.previous: tuple[int, np.ndarray | None] = (-1, None)
     # the sync check's probe: fixed for a vocabulary, clear of padding, end and stop ids and padded rows
     self.probe_L = probe_ids(sampling_cfg.vocab_limit or model_cfg.vocab_size,
                              {sampling_cfg.pad_id, *self.ends})
@@ -312,18 +319,25 @@ class OpenAIEngine:
     self.version, self.synced_step = version, version
 
   def verify(self, params, exported: Exported, deadline: Deadline) -> SyncCheck:
-    """The server serves `exported` (it says so) and scores the probe as the trainer does `params`; a
-    SyncCheckFailed naming the version, the max |delta log p| and the tolerance otherwise."""
+    """The server serves `exported` (it says so) and scores the probe as the trainer does the exported
+    weights of `params`, within the tolerance, and not as it does the previous verified sync's
+    (sync_check.py, point 3); a SyncCheckFailed naming the version and what differs otherwise."""
     served = self.weight_sync.served(self, deadline)
     theirs = engine_logp(self.client, self.model_name, self.probe_L, deadline, timeout_s=self.cfg.timeout_s,
                          retries=self.cfg.retries, backoff_s=self.cfg.backoff_s)
-    ours = trainer_logp(params, self.model_cfg, self.probe_L)
+    held, held_cfg = self.weight_sync.expected(params)
+    new_L = trainer_logp(held, held_cfg, self.probe_L)
+    del held
+    prev_version, prev_L = self.previous if self.previous[0] < exported.version else (-1, None)
+    max_abs, dist_new, dist_prev, gap = probe_distances(theirs, new_L, prev_L)
     tol = tolerance(self.weight_sync.kind, self.cfg.sync_check_tol)
     check = SyncCheck(version=exported.version, served=served, served_version=version_of(served),
-                      max_abs_dlogp=float(np.max(np.abs(theirs - ours))), tolerance=tol)
+                      max_abs_dlogp=max_abs, tolerance=tol, dist_new=dist_new, dist_prev=dist_prev, gap=gap,
+                      prev_version=prev_version)
     self.last_check = check
     same = served == exported.tag
-    if same and check.max_abs_dlogp <= tol:  # (a NaN is not <=)
+    if same and check.max_abs_dlogp <= tol and not check.stale:  # (a NaN is not <=)
+      self.previous = (exported.version, new_L)
       return check
     with self._lock:
       self.counters["sync_check_failures"] += 1
@@ -383,13 +397,17 @@ class OpenAIEngine:
 
   def metrics(self) -> dict[str, float]:
     """Counters since the start (requests, retries, failures, restarts, syncs, failed checks, timeouts), the
-    last sync's seconds and what its check found (the version the server reports, max |delta log p|)."""
+    last sync's seconds and what its check found (the version the server reports, max |delta log p| and the
+    mean distances to the new and, from the second sync, the previous exported weights)."""
     with self._lock:
       out = {f"engine/{k}": float(v) for k, v in self.counters.items()}
       out.update({f"engine/{k}": v for k, v in self.timings.items()})
       if self.last_check is not None:  # the last verified (or failed) sync
         out["engine/sync_version"] = float(self.last_check.served_version)
         out["engine/sync_probe_max_abs_dlogp"] = self.last_check.max_abs_dlogp
+        out["engine/sync_probe_dist_new"] = self.last_check.dist_new
+        if self.last_check.prev_version >= 0:  # NaN on the first sync: left out
+          out["engine/sync_probe_dist_prev"] = self.last_check.dist_prev
     return out
 
   # ---- one sample --------------------------------------------------------------------

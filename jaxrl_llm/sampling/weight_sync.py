@@ -9,7 +9,10 @@ is what the server reports it serves, which must equal `exported.tag`
 (the sync check, sync_check.py). `load` and `served` stay within the
 `deadline` (config.rollout.server.sync_timeout_s, sync_check.Deadline),
 raising a SyncTimeout past it. `kind` names the weights' format for the
-check's tolerance (sync_check.SYNC_TOLERANCE).
+check's tolerance (sync_check.SYNC_TOLERANCE), and `expected(params)` gives
+the weights the server holds once it has loaded the export of `params`, as
+the trainer computes them (`exported_weights`: the export's rounding, for
+the check's log p_new and log p_prev).
 
 * `RestartSync` ("restart", llama.cpp): export the params to a GGUF file
   (model/gguf_export.py, `server.export` = f32 | f16 | q8_0 | q4_0) named
@@ -46,9 +49,15 @@ import tempfile
 import time
 from typing import Protocol
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.gguf_export import export_gguf
-from jaxrl_llm.model.hf_io import save_hf
+from jaxrl_llm.model.gguf_quants import dequantize
+from jaxrl_llm.model.hf_io import name_table, save_hf
 from jaxrl_llm.sampling.http_client import ServerRejected, ServerUnavailable
 from jaxrl_llm.sampling.server_process import ServerNotReady
 from jaxrl_llm.sampling.sync_check import Deadline, SyncCheckFailed
@@ -63,11 +72,51 @@ class Exported:
   export_s: float  # params -> file
 
 
+def exported_weights(params, cfg: ModelConfig, kind: str) -> tuple[dict, ModelConfig]:
+  """(float32 params, their config): the weights a server holds once it has loaded the `kind` export of
+  `params` (a model of `cfg`), dequantised. A LoRA model merged (W + s A B, lora.merged), as both exports
+  write it. GGUF (model/gguf_export.py, export_gguf): each 2-D Hugging Face tensor (`hf_io.name_table`;
+  export_gguf's `w.ndim == 2`) rounded to float16, or quantised with gguf's own quantiser
+  (`gguf.quants.quantize`, export_gguf's call) and read back with the GGUF reader's `gguf_quants.dequantize`;
+  norms and biases stay float32. The blocks run along the last Hugging Face axis, so llama's per-head row
+  permutation of q/k (gguf_export.permute_heads) does not change them and is not applied here. "f32" and
+  "hf" (hf_io.save_hf, which writes cfg.param_dtype): the params in that dtype."""
+  import gguf
+
+  params, cfg = lora.merged(params, cfg)
+  host = jax.tree.map(lambda x: np.array(jax.device_get(x), np.float32), params)  # a copy: written below
+  if kind in ("f16", "q8_0", "q4_0"):
+    for entry in name_table(cfg):
+      leaf = host
+      for key in entry.ours:
+        leaf = leaf[key]
+      part = leaf[entry.layer] if entry.layer is not None else leaf
+      w = entry.to_hf(part)
+      if w.ndim != 2:
+        continue
+      if kind == "f16":
+        w = w.astype(np.float16).astype(np.float32)
+      else:
+        qtype = gguf.GGMLQuantizationType[kind.upper()]
+        w = dequantize(gguf.quants.quantize(np.ascontiguousarray(w, np.float32), qtype), int(qtype), w.shape)
+      part[...] = entry.to_ours(w)
+  elif kind == "hf" and cfg.param_dtype != "float32":
+    host = jax.tree.map(lambda x: x.astype(cfg.param_jnp_dtype).astype(np.float32), host)
+  elif kind not in ("f32", "hf"):
+    raise ValueError(f"exported_weights: kind {kind!r} is not one of f32, f16, q8_0, q4_0, hf")
+  placed = jax.tree.map(lambda h, x: jax.device_put(h, x.sharding) if isinstance(x, jax.Array) else jnp.asarray(h),
+                        host, params)  # where the trainer's params are: one device need not hold them all
+  return placed, dataclasses.replace(cfg, param_dtype="float32")
+
+
 class WeightSync(Protocol):
   kind: str  # the weights' format: the key of the check's tolerance (sync_check.SYNC_TOLERANCE)
 
   def export(self, params, version: int) -> Exported | None:
     """Write `params` (the policy of step `version`) for the server; None: its weights are not ours to set."""
+
+  def expected(self, params) -> tuple[dict, ModelConfig]:
+    """The weights the server holds once it has loaded the export of `params` (`exported_weights`)."""
 
   def load(self, engine, exported: Exported, deadline: Deadline) -> float:
     """Make `engine`'s server sample with `exported` from now on; the seconds it took."""
@@ -85,6 +134,9 @@ class NoSync:
   def export(self, params, version: int) -> Exported | None:
     del params, version
     return None
+
+  def expected(self, params) -> tuple[dict, ModelConfig]:
+    raise AssertionError("NoSync exports nothing")
 
   def load(self, engine, exported: Exported, deadline: Deadline) -> float:
     raise AssertionError("NoSync exports nothing to load")
@@ -127,6 +179,9 @@ class RestartSync:
                     f"config.rollout.server.export) and rerun to resume from the last checkpoint") from None
     return Exported(path=path, version=version, tag=path, export_s=export.seconds)
 
+  def expected(self, params) -> tuple[dict, ModelConfig]:
+    return exported_weights(params, self.model_cfg, self.qtype)
+
   def load(self, engine, exported: Exported, deadline: Deadline) -> float:
     """Restart the server on the file, within the deadline (the server's own wait_s still bounds it)."""
     doing = f"the llama.cpp server's restart on {exported.path}"
@@ -167,6 +222,9 @@ class SGLangDiskSync:
     shutil.rmtree(path, ignore_errors=True)
     save_hf(params, self.model_cfg, path)
     return Exported(path=path, version=version, tag=str(version), export_s=time.perf_counter() - t0)
+
+  def expected(self, params) -> tuple[dict, ModelConfig]:
+    return exported_weights(params, self.model_cfg, "hf")
 
   def load(self, engine, exported: Exported, deadline: Deadline) -> float:
     t0 = time.perf_counter()

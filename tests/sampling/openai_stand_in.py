@@ -2,16 +2,22 @@
 server (fake_openai_server.py), prompts, sampling and engine settings. Shared by
 test_openai_engine.py (requests, answers, failures, start-time checks),
 test_openai_engine_sync.py (weight sync, the server process, the trainer) and
-test_openai_sync_check.py (the check of every sync).
+test_openai_sync_check.py and test_openai_sync_previous.py (the check of every sync).
 """
 
+import functools
 import os
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.logprobs import response_logprobs
+from jaxrl_llm.model.params import init_params
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.sampling.config import SamplingConfig, ServerConfig
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine
@@ -25,6 +31,35 @@ FAKE = os.path.join(os.path.dirname(__file__), "fake_openai_server.py")
 TOK = CharTokenizer()
 V = TOK.vocab_size
 MODEL = ModelConfig.tiny(V, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+
+
+LR = 3e-4  # train.lr, the RL default (training/defaults.py)
+
+
+@functools.cache
+def policies() -> tuple:
+  """P0 and the params after one and two AdamW steps (lr 3e-4) on the negative log-likelihood of a fixed text:
+  what consecutive syncs of a run push (test_openai_sync_previous.py, test_llama_cpp_engine.py)."""
+  ids = jnp.asarray([[TOK.bos_id] + TOK.encode("12+34=46\n7*6=42\nab")])
+  mask = jnp.ones(ids.shape, bool)
+
+  def nll(p):
+    return -response_logprobs(p, MODEL, ids[:, :1], mask[:, :1], ids[:, 1:], mask[:, 1:], temperature=1.0,
+                              impl="naive").logp_BR.mean()
+
+  tx = optax.adamw(LR)
+
+  @jax.jit
+  def step(params, opt):
+    updates, opt = tx.update(jax.grad(nll)(params), opt, params)
+    return optax.apply_updates(params, updates), opt
+
+  params = init_params(MODEL, jax.random.key(0))
+  opt, out = tx.init(params), [params]
+  for _ in range(2):
+    params, opt = step(params, opt)
+    out.append(params)
+  return tuple(out)
 
 
 def bigram(seed: int = 0) -> np.ndarray:

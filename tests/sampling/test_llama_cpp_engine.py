@@ -21,7 +21,8 @@ test_openai_engine.py's stand-in server.
 (c) a Q4_0 export: log c = log pi_prox - log mu is far from 0;
 (d) the server killed mid-rollout: restarted, no sample lost;
 (e) the check of every sync: llama.cpp's /props names the file it loaded, its probe log-probs are the
-    trainer's within each export type's tolerance, and another policy's are not;
+    trainer's within each export type's tolerance, and another policy's are not; a server holding the
+    weights one optimizer step old under the new version's name is caught (q4_0);
 bad input: a server with another vocabulary (SmolLM2's), a sampler name llama.cpp ignores (caught by
 comparing the settings it reports having applied).
 """
@@ -365,5 +366,35 @@ def test_lora_rl_steps_through_llama_cpp_pass_the_sync_check_every_step(tmp_path
       assert metrics["mismatch/log_c_abs_mean"] < 1e-3  # the server samples the merged policy: mu ~ pi_prox
     b_norm = max(float(jnp.abs(v).max()) for k, v in state.params["layers"].items() if "_lora_b_" in k)
     assert b_norm > 0  # the adapters trained, and what the server scored was the adapted model
+  finally:
+    eng.close()
+
+
+def test_a_server_one_optimizer_step_behind_is_caught():
+  """llama.cpp serving a q4_0 export of the weights one AdamW step old under the new version's file name (the
+  export is handed the previous params): inside the q4_0 tolerance, but closer to the previous sync's exported
+  weights than to the new ones (sync_check.py, point 3). The sync before it, honest, passes."""
+  sys.path.insert(0, os.path.dirname(__file__))
+  from openai_stand_in import MODEL as SMALL, policies
+
+  p0, p1, p2 = policies()  # the stand-in tests' model (D 32, 1 layer) and two AdamW steps of it
+  s = ServerConfig(command=COMMAND, sync="restart", export="q4_0", timeout_s=60.0, wait_s=60.0, concurrency=1)
+  eng = make_openai_engine(model_cfg=SMALL, sampling_cfg=sampling(), tokenizer=TOK, settings=s, ctx_per_slot=64)
+  try:
+    eng.sync(p0, 0)
+    eng.sync(p1, 1)
+    honest = eng.last_check
+    export = eng.weight_sync.export
+    eng.weight_sync.export = lambda params, version: export(p1, version)  # version 2's file, version 1's weights
+    with pytest.raises(SyncCheckFailed, match=r"policy version 2 is not verified: the server reports serving it "
+                                              r"\(\S+policy-v2.q4_0.gguf\), but its log-probs .* are those of the "
+                                              r"previous sync's weights \(version 1\)"):
+      eng.sync(p2, 2)
+    stale = eng.last_check
+    print(f"q4_0, one AdamW step: honest dist_new {honest.dist_new:.2e} dist_prev {honest.dist_prev:.2e}; "
+          f"one step behind dist_new {stale.dist_new:.2e} dist_prev {stale.dist_prev:.2e} gap {stale.gap:.2e}")
+    assert stale.max_abs_dlogp < SYNC_TOLERANCE["q4_0"]  # the tolerance alone would pass it
+    # with room: llama.cpp's q4_0 arithmetic error (dist_new honest, dist_prev behind) is ~5e-4, the step ~7e-3
+    assert honest.dist_prev > 4 * honest.dist_new and stale.gap > 4 * (2 * stale.dist_prev)
   finally:
     eng.close()

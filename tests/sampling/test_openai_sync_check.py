@@ -141,15 +141,18 @@ def test_a_server_that_keeps_its_old_weights_and_version_fails_the_sync(server, 
 
 
 def test_a_server_that_reports_the_new_version_but_serves_other_log_probs_fails(server, tmp_path):
+  # The first sync (no previous one to compare with): the tolerance alone. The stand-in reports version 0 but
+  # still scores with its bigram table, which no decoder's weights give.
   eng = _sglang(server, tmp_path)
-  eng.sync(P0, 0)
-  server.stale = "weights"  # reports version 1, still scores with P0
-  with pytest.raises(SyncCheckFailed, match=r"policy version 1 is not verified: the server reports serving it \(1\), "
+  server.stale = "weights"
+  with pytest.raises(SyncCheckFailed, match=r"policy version 0 is not verified: the server reports serving it \(0\), "
                                             r"but its log-probs of the probe .* max \|delta log p\| = [0-9.]+ "
                                             r"\(tolerance 2, ") as e:
-    eng.sync(P1, 1)
+    eng.sync(P0, 0)
   _one_line(e.value)
-  assert eng.metrics()["engine/sync_version"] == 1.0 and eng.metrics()["engine/sync_probe_max_abs_dlogp"] > 2.0
+  m = eng.metrics()
+  assert m["engine/sync_version"] == 0.0 and m["engine/sync_probe_max_abs_dlogp"] > 2.0
+  assert "engine/sync_probe_dist_prev" not in m and m["engine/sync_probe_dist_new"] > 0.1
 
 
 def test_the_tolerance_knob_and_the_off_switch(server, tmp_path):
