@@ -18,10 +18,27 @@ One run (seed 0, 2 CPU cores shared with other jobs, load about 8): the warm sta
 RL steps 5-20 s each, 986 s in all; the train reward went from 0.19 to 0.53, the turns per episode
 from 1.23 to 1.76 (more calls), and the greedy held-out accuracy of whole episodes from 0.06 to 0.92.
 A shorter warm start (150 steps of 64) left too few working calls: the policy learned to answer
-without the tool instead (0.05 -> 0.14).
+without the tool instead (0.05 -> 0.14). These runs (and docs/benchmarks.md's "Tools") had 3 turns
+of 24 tokens in 64, where a second call and its result never left room for a third turn (the episode
+ended context_overflow); the limits below allow what fits, 2 turns (a second call ends turn_limit),
+the same episodes with the status that says why.
 """
 
+from jaxrl_llm.envs.calls import RESULT_CLOSE, RESULT_OPEN
+from jaxrl_llm.envs.render import PlainRenderer
+from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.training.defaults import get_config as _base
+
+
+def reachable_max_tokens(max_turns: int, max_turn_tokens: int, longest_result: int) -> int:
+  """env.max_tokens in which the turn limit can be reached: max_turns turns of max_turn_tokens each and
+  the max_turns - 1 results between them, each the longest the task gives, as the plain renderer
+  tokenises it (the character tokenizer: "<result>108</result>" is 20 tokens). Less room and an episode
+  of long turns runs out of it (context_overflow) before its last turn."""
+  tok = CharTokenizer()
+  result = PlainRenderer(tok).observation_ids([], [], [{"role": "tool",
+                                                        "content": f"{RESULT_OPEN}{longest_result}{RESULT_CLOSE}"}])
+  return max_turns * max_turn_tokens + (max_turns - 1) * len(result)
 
 
 def get_config():
@@ -30,9 +47,11 @@ def get_config():
   c.env.name = "calculator"
   c.env.call_format = "tags"
   c.env.instructions = False  # the warm start taught the format; the opening prompt is "47+8=" alone
-  c.env.max_turns = 3  # a call, its answer, and one more call allowed
-  c.env.max_turn_tokens = 24  # "<calc>47+8</calc>" is 17 tokens
-  c.env.max_tokens = 64  # the call, "<result>108</result>" and the answer take at most 41
+  c.env.max_turns = 2  # a call and, after its result, the answer (a second call ends the episode: turn_limit)
+  c.env.max_turn_tokens = 20  # "<calc>99+9</calc>" is 17 tokens
+  # 2 turns of 20 and "<result>108</result>" (99 + 9, the largest sum) between them: 60
+  c.env.max_tokens = reachable_max_tokens(c.env.max_turns, c.env.max_turn_tokens, 10**c.task.digits - 1 +
+                                          10**c.task.digits2 - 1)
   c.env.workers = 2
   c.rollout.max_response_len = 42  # the warm start's longest demonstration, EOS included, is 41 tokens
   c.rollout.prompts_per_step = 16

@@ -34,7 +34,8 @@ STATUSES = {
     "tool_crash": "a tool raised an unexpected exception, or its worker process died",
     "tool_output_overflow": "a tool printed or returned more than its output cap",
     "tool_memory": "a tool ran out of its worker's address space",
-    "turn_limit": "the last allowed turn called a tool: no turn is left to read its result",
+    "turn_limit": "the last allowed turn called a tool: no turn is left to read its result (the episode did not "
+                "finish, as after token_limit and context_overflow)",
     "token_limit": "a turn was cut at its token limit before it ended",
     "context_overflow": "the episode's tokens no longer fit its room (the model's context, or the tokens a trainer's "
                         "row holds after the opening prompt)",

@@ -2,15 +2,18 @@
 
 An episode: the opening messages say which tools there are and how to call them (in the environment's
 call format, envs/calls.py), then the task's prompt; with `tools_in_template` the chat template says
-it (its `tools=` argument, the renderer's) and the opening is the task's prompt alone. Each turn either calls tools, whose outputs
-(run in the shared ToolPool) are the observation and the episode goes on, or calls none and is the
-final answer, scored by the task's reward function. In the "json" format the turn goes into the
-history as the structured message of its calls (`Observation.assistant`: `tool_calls`, each with an
-id, the model's when it wrote a 9-character alphanumeric one, else `calls.call_id`) and each result
-as a "tool" message with its call's `tool_call_id`, so the family's template renders both. A result
-longer than `max_observation_tokens` tokens is cut to that many, the last ones being `TRUNCATED`. Anything else ends the episode with its status
-(envs/base.py): a malformed call, an unknown tool, bad arguments, a tool failure, the turn limit, a
-turn cut at its token limit.
+it (its `tools=` argument, the renderer's) and the opening is the task's prompt alone. Each turn
+either calls tools, whose outputs (run in the shared ToolPool) are the observation and the episode
+goes on, or calls none and is the final answer, scored by the task's reward function. Anything else
+ends the episode with its status (envs/base.py): a malformed call, an unknown tool, bad arguments, a
+tool failure, the turn limit, a turn cut at its token limit.
+
+In the "json" format the turn goes into the history as the structured message of its calls
+(`Observation.assistant`: `tool_calls`, each with an id, the model's when it wrote a 9-character
+alphanumeric one, else `calls.call_id`) and each result as a "tool" message with its call's
+`tool_call_id`, so the family's template renders both. A result longer than `max_observation_tokens`
+tokens (the tokenizer's, of the result alone) is cut to that many, the last ones `TRUNCATED`, and the
+episode goes on.
 
 reward_parts, every step: {"correct": the task's verifier on the final answer, "format": its format
 check (0 or 1)}; both 0 on every step but the final answer's, and on an episode that ends otherwise.

@@ -51,8 +51,12 @@ from jaxrl_llm.tasks.base import Example
 
 # Statuses an episode ends with (the metrics count each, every step, zeros included).
 ENDINGS = tuple(s for s in STATUSES if s not in CONTINUING)
-# Endings whose last turn was cut (the overlong filter's "truncated" samples).
-CUT = ("token_limit", "context_overflow")
+# Endings of an episode that did not finish: no final answer, and no call that failed. A turn cut at
+# max_turn_tokens (token_limit); a turn cut by the room left, or an observation with no room for a turn
+# after it (context_overflow); the last allowed turn spent on a tool call (turn_limit). They are the
+# batch's truncated samples (`RolloutBatch.truncated_B`): the overlong filter takes them out of the loss,
+# as it does single-turn answers cut at max_response_len (docs/objectives.md section 6).
+UNFINISHED = ("token_limit", "context_overflow", "turn_limit")
 
 # round_sampler(contexts, budgets, round) -> one turn per context (sample_turns' result)
 RoundSampler = Callable[[list, list, int], SampledTurns]
@@ -145,7 +149,7 @@ def episode_batch(played: Sequence[Played], examples: Sequence[Example], *, prom
   statuses = tuple(ep.result.status for ep in played)
   return RolloutBatch(
       prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP, tokens_BR=tokens_BR, mask_BR=mask_BR,
-      behav_logp_BR=jnp.asarray(behav_BR), truncated_B=np.asarray([s in CUT for s in statuses]),
+      behav_logp_BR=jnp.asarray(behav_BR), truncated_B=np.asarray([s in UNFINISHED for s in statuses]),
       length_B=mask_BR.sum(axis=1).astype(np.int32),
       topk_ids_BRK=jnp.zeros((B, R, 0), np.int32), topk_logp_BRK=jnp.zeros((B, R, 0), np.float32),
       prompts=tuple(e.prompt for e in examples), answers=tuple(e.answer for e in examples),

@@ -40,7 +40,7 @@ from jaxrl_llm.reward_model import process as process_lib
 from jaxrl_llm.reward_model import rl_reward
 from jaxrl_llm.reward_model.scorer import HEAD_KEY, load_reward_model, reward_scores, token_scores
 from jaxrl_llm.tasks.registry import MODEL_REWARD
-from jaxrl_llm.training.score import soft_overlong_penalty
+from jaxrl_llm.training.score import policy_budget, soft_overlong_penalty
 
 FIELD = "config.data.reward_model"
 MOMENTS_KEY = "reward_model_moments"  # the checkpoint's tree of the running moments
@@ -162,8 +162,8 @@ class RewardModelExtension(Extension):
       normed_B = rl_reward.group_normalise(model_B, self.run_cfg.rollout.group_size)
     else:
       normed_B = model_B
-    shaping_B = soft_overlong_penalty(samples.length_B, self.run_cfg.response_len, f.overlong_buffer,
-                                      f.overlong_penalty)
+    shaping_B = soft_overlong_penalty(samples.length_B, policy_budget(samples, self.run_cfg.response_len),
+                                      f.overlong_buffer, f.overlong_penalty)  # as score() shaped it
     verifier_B = scores.reward_B - shaping_B
     reward_B = rl_reward.mixed_reward(normed_B, verifier_B, shaping_B, w_rm=c.reward_model_weight,
                                       w_v=c.verifier_weight)

@@ -62,14 +62,29 @@ def overlong_keep(truncated_B: np.ndarray, enabled: bool) -> np.ndarray:
   return ~truncated_B if enabled else np.ones(truncated_B.shape, bool)
 
 
-def soft_overlong_penalty(length_B: np.ndarray, max_len: int, buffer: int, penalty: float) -> np.ndarray:
+def soft_overlong_penalty(length_B: np.ndarray, max_len: int | np.ndarray, buffer: int,
+                          penalty: float) -> np.ndarray:
   """DAPO eq. 13, lengths in TOKENS: 0 up to max_len - buffer, then falling
-  linearly to -penalty at max_len. buffer=0 disables it."""
+  linearly to -penalty at max_len. buffer=0 disables it. `max_len`: one for
+  the batch, or each sample's own ([B], `policy_budget`)."""
   if buffer == 0:
     return np.zeros(length_B.shape, np.float32)
-  start = max_len - buffer
+  start = np.asarray(max_len, np.float32) - buffer
   over = np.clip(length_B.astype(np.float32) - start, 0.0, float(buffer))
   return (-penalty * over / buffer).astype(np.float32)
+
+
+def policy_budget(samples: RolloutBatch, max_len: int) -> np.ndarray:
+  """int32 [B]: the tokens each sample's policy had room to sample, the L_max of the soft overlong
+  penalty against its policy tokens (`length_B`). A single-turn answer: `max_len`
+  (rollout.max_response_len). An episode: `max_len` (env.max_tokens, its row after the opening prompt)
+  less the environment's tokens in its row (its observations), so an episode that filled its room
+  gets the whole penalty, as an answer cut at max_response_len does (docs/objectives.md section 6)."""
+  budget_B = np.full(np.shape(samples.length_B), max_len, np.int32)
+  if samples.episodic:
+    env_B = (np.asarray(samples.context_BR, bool) & ~np.asarray(samples.mask_BR, bool)).sum(axis=1)
+    budget_B -= env_B.astype(np.int32)
+  return budget_B
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,14 +156,15 @@ def verify_once(runner: RewardRunner, prompts, responses, answers) -> tuple[np.n
 def score(samples: RolloutBatch, runner: RewardRunner, filters: FilterConfig, max_len: int,
           format_weight: float = 0.0) -> Scores:
   """What each sample earns: the verifier `runner` on its response, or an episode's own reward parts
-  (`episode_rewards`, format part weighted by `format_weight`); plus the soft overlong penalty."""
+  (`episode_rewards`, format part weighted by `format_weight`); plus the soft overlong penalty on its
+  policy tokens against `policy_budget(samples, max_len)`."""
   if samples.episodic:
     reward_B, correct_B = episode_rewards(samples.reward_parts, format_weight)
     failed_B = timed_out_B = np.zeros(reward_B.shape, bool)  # a verifier's failure scores its episode 0
   else:
     reward_B, correct_B, failed_B, timed_out_B = verify_once(runner, samples.prompts, samples.responses, samples.answers)
-  shaped = reward_B + soft_overlong_penalty(samples.length_B, max_len, filters.overlong_buffer,
-                                            filters.overlong_penalty)
+  shaped = reward_B + soft_overlong_penalty(samples.length_B, policy_budget(samples, max_len),
+                                            filters.overlong_buffer, filters.overlong_penalty)
   return Scores(reward_B=shaped.astype(np.float32), correct_B=correct_B, failed_B=failed_B, timed_out_B=timed_out_B)
 
 
