@@ -192,3 +192,14 @@ def response_logprobs(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR,
                                     response_BR.reshape(B * R), temperature=temperature, impl=impl)
   return ResponseLogprobs(logp_BR=logp_N.reshape(B, R), entropy_BR=entropy_N.reshape(B, R),
                        hidden_BRD=hidden_BRD)
+
+
+def sequence_logprobs(params, model_cfg, tokens_BT, mask_BT, score_BT, *, impl: str) -> jax.Array:
+  """f32 [B]: sum over the tokens t marked in `score_BT` of log pi(token_t | tokens_<t) at temperature 1,
+  for right-padded whole sequences (prompt and response in one row, `mask_BT` the real tokens): DPO's
+  log pi(y|x) with `score_BT` the response's tokens. The row's first token has no prefix and is never
+  scored (score_BT[:, 0] is ignored)."""
+  lp = response_logprobs(params, model_cfg, tokens_BT[:, :1], mask_BT[:, :1], tokens_BT[:, 1:], mask_BT[:, 1:],
+                         temperature=1.0, impl=impl)
+  score_BR = score_BT[:, 1:].astype(bool) & mask_BT[:, 1:].astype(bool)
+  return jnp.sum(jnp.where(score_BR, lp.logp_BR, 0.0), axis=1)

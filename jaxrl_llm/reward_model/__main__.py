@@ -1,8 +1,9 @@
 """Entry point: `python -m jaxrl_llm.reward_model --config=configs/reward_model.py
 [--config.some.key=value ...] [--workdir=DIR]`.
 
-Trains a reward model from preference pairs, or a process reward model from stepwise labels
-(config.objective="process"; training/reward_loop.py): the
+Trains a reward model from preference pairs, a process reward model from stepwise labels
+(config.objective="process"), or the policy itself from the pairs by Direct Preference Optimization
+(config.objective="dpo", `--config=configs/dpo.py`; training/reward_loop.py): the
 config is validated and every pair read before any workdir exists; a bad
 value or row ends with one `error:` line and exit status 2. The run ends
 with <workdir>/summary.json and, with `export`, <workdir>/hf.
@@ -41,12 +42,14 @@ def main(argv):
   workdir = _WORKDIR.value or os.path.join(cfg.workdir_root,
                                            f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
   run = RewardModelRun(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value)  # reads every pair: errors first
-  print(f"reward model {cfg.name} -> {workdir}")
+  print(f"{'DPO policy' if cfg.dpo_run else 'reward model'} {cfg.name} -> {workdir}")
   summary = run.run()
   print(json.dumps(summary, indent=2))
   what = "step" if cfg.process else "pairwise"
   extra = (f", first wrong step found in {summary['eval_first_error_accuracy_end']:.3f} of solutions"
            if cfg.process else "")
+  if cfg.dpo_run:  # the implicit reward beta log(pi / pi_ref): its margin starts at 0 (pi = pi_ref)
+    extra = f", implicit reward margin {summary['eval_margin_start']:.3f} -> {summary['eval_margin_end']:.3f}"
   print(f"held-out {what} accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
         f"(ECE {summary['eval_ece_end']:.3f}{extra}) in {summary['run_time_s']:.0f} s; summary: "
         f"{os.path.join(workdir, 'summary.json')}")

@@ -17,6 +17,7 @@ from jaxrl_llm.checks import (bad, check_bool, check_choice, check_float, check_
 from jaxrl_llm.model.config import ModelSpec
 from jaxrl_llm.model.gguf_io import resolve_model_path
 from jaxrl_llm.model.sharding import MeshConfig
+from jaxrl_llm.objectives.preference import check_dpo_knobs
 from jaxrl_llm.tasks.arithmetic import OPS
 
 PAIR_TASKS = ("arithmetic", "word_problems")  # data.task: the built-in pairs' problems (reward_model/data.py)
@@ -112,6 +113,21 @@ class RewardLogConfig:
     check_int("config.log.every", self.every, 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class DPOConfig:
+  """objective="dpo" (objectives/preference.py): the policy itself learns from the pairs."""
+
+  beta: float  # scale of the implicit reward beta * log(pi / pi_ref) (the KL coefficient of the RLHF objective)
+  loss_type: str  # sigmoid | robust | ipo (objectives/preference.py)
+  label_smoothing: float  # eps, the assumed share of flipped labels (sigmoid: cDPO, robust: rDPO; ipo: 0)
+  reference: str  # pi_ref: "" the initial policy (fresh, model.hf_path, init_checkpoint); a run's workdir or HF dir
+
+  def __post_init__(self):
+    check_dpo_knobs(self.beta, self.loss_type, self.label_smoothing, prefix="config.dpo")
+    if not isinstance(self.reference, str):
+      raise bad("config.dpo.reference", self.reference, "a path (a run's workdir or a HF directory) or ''")
+
+
 REWARD_SECTIONS: dict[str, type] = {
     "data": PreferenceDataConfig,
     "model": ModelSpec,  # model/config.py
@@ -120,11 +136,13 @@ REWARD_SECTIONS: dict[str, type] = {
     "eval": RewardEvalConfig,
     "log": RewardLogConfig,
     "checkpoint": CheckpointConfig,  # checkpointing/config.py
+    "dpo": DPOConfig,
 }
 REWARD_TOP_KEYS = ("name", "objective", "seed", "workdir_root", "init_checkpoint", "export")
 # objective: "bradley_terry" trains r(x, y) from preference pairs (loss.py); "process" trains a score per
-# reasoning step from stepwise labels (process.py).
-OBJECTIVES = ("bradley_terry", "process")
+# reasoning step from stepwise labels (process.py); "dpo" trains the policy itself from the pairs
+# (objectives/preference.py), its implicit reward beta * log(pi / pi_ref) in the Bradley-Terry likelihood.
+OBJECTIVES = ("bradley_terry", "process", "dpo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +160,7 @@ class RewardModelConfig:
   eval: RewardEvalConfig
   log: RewardLogConfig
   checkpoint: CheckpointConfig
+  dpo: DPOConfig
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name:
@@ -151,13 +170,19 @@ class RewardModelConfig:
     if self.process and self.data.task != "arithmetic":
       raise bad("config.data.task", self.data.task, "'arithmetic' with config.objective='process' (the built-in "
                 "stepwise rows are chained sums)")
-    if self.process:
+    if self.objective != "bradley_terry":
       for field, value in (("train.margin", self.train.margin), ("train.center_coef", self.train.center_coef)):
         if value:
-          raise bad(f"config.{field}", value, "0 with config.objective='process' (a Bradley-Terry term)")
-    elif self.train.last_step_only:
-      raise bad("config.train.last_step_only", True, "False with config.objective='bradley_terry' (a stepwise "
+          raise bad(f"config.{field}", value, f"0 with config.objective={self.objective!r} (a Bradley-Terry "
+                    "reward model's term)")
+    if not self.process and self.train.last_step_only:
+      raise bad("config.train.last_step_only", True, f"False with config.objective={self.objective!r} (a stepwise "
                 "label option: objective='process')")
+    if self.dpo_run and self.export:
+      raise bad("config.export", True, "False with config.objective='dpo' (it trains a policy, not a score head; "
+                "its checkpoints are init_checkpoint for an RL run)")
+    if not self.dpo_run and self.dpo.reference:
+      raise bad("config.dpo.reference", self.dpo.reference, "'' unless config.objective='dpo'")
     if not isinstance(self.init_checkpoint, str):
       raise bad("config.init_checkpoint", self.init_checkpoint, "a path (a run's workdir or a HF directory) or ''")
     check_bool("config.export", self.export)
@@ -170,6 +195,11 @@ class RewardModelConfig:
   def process(self) -> bool:
     """A process reward model (per-step labels)."""
     return self.objective == "process"
+
+  @property
+  def dpo_run(self) -> bool:
+    """Direct Preference Optimization of the policy (no score head)."""
+    return self.objective == "dpo"
 
   @property
   def builtin(self) -> bool:
@@ -189,4 +219,6 @@ def reward_config_from_dict(cd) -> RewardModelConfig:
   # A .gguf checkpoint -> the Hugging Face directory converted from it (model/gguf_io.py), as the RL run does.
   hf_path = resolve_model_path(cfg.model.hf_path, field="config.model.hf_path", chat_template=cfg.data.chat_template)
   init = resolve_model_path(cfg.init_checkpoint, field="config.init_checkpoint")
-  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=hf_path), init_checkpoint=init)
+  ref = resolve_model_path(cfg.dpo.reference, field="config.dpo.reference")
+  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=hf_path), init_checkpoint=init,
+                             dpo=dataclasses.replace(cfg.dpo, reference=ref))

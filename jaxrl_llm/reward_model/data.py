@@ -13,7 +13,9 @@ How a pair becomes two token sequences (`sequence_ids`), as TRL does:
 plain text is [BOS] prompt response EOS (the prompt as the policy sees it:
 BOS without a chat template, the user turn of the chat template with one);
 messages are prompt + response messages rendered by the chat template,
-with no EOS added (the template closes its turns).
+with no EOS added (the template closes its turns). The response's tokens
+(`PairArrays.response_N2T`, what DPO's log pi(y|x) sums) start after the
+prompt's (`response_starts`).
 
 The held-out split is `data.eval_path`, or the rows whose prompt (chosen
 response when the prompt is implicit) hashes into `data.eval_fraction`
@@ -69,12 +71,13 @@ class PairArrays:
   tokens_N2T: np.ndarray  # int32 [N, 2, T] right-padded with the tokenizer's pad id
   mask_N2T: np.ndarray  # bool [N, 2, T] real tokens
   margin_N: np.ndarray  # f32 [N] Bradley-Terry margin per pair
+  response_N2T: np.ndarray  # bool [N, 2, T] the response's tokens (EOS included): what DPO's log pi(y|x) sums
 
   def __len__(self) -> int:
     return self.tokens_N2T.shape[0]
 
   def take(self, idx: np.ndarray) -> "PairArrays":
-    return PairArrays(self.tokens_N2T[idx], self.mask_N2T[idx], self.margin_N[idx])
+    return PairArrays(self.tokens_N2T[idx], self.mask_N2T[idx], self.margin_N[idx], self.response_N2T[idx])
 
 
 # ---- files ------------------------------------------------------------------------
@@ -265,6 +268,23 @@ def pair_ids(tokenizer, pairs: Sequence[PreferencePair], chat_template: bool) ->
   return out
 
 
+def response_starts(tokenizer, pairs: Sequence[PreferencePair], ids: Sequence[tuple[list[int], list[int]]],
+                    chat_template: bool) -> list[int]:
+  """Per pair, the index of the response's first token in both sequences (at least 1: the first token
+  has no prefix to be predicted from). Plain text with a prompt: the prompt's length (`prompt_ids`).
+  Messages, or an implicit prompt: the length of the prefix the chosen and rejected ids share (TRL's
+  prompt extraction), so a response's first tokens that equal the other's count as prompt; they score
+  the same under every policy, so the DPO margin does not change, only the chosen and rejected rewards."""
+  out = []
+  for p, (c, r) in zip(pairs, ids):
+    if isinstance(p.chosen, str) and p.prompt:
+      n = len(prompt_ids(tokenizer, p.prompt, chat_template))
+    else:
+      n = next((i for i, (a, b) in enumerate(zip(c, r)) if a != b), min(len(c), len(r)))
+    out.append(max(n, 1))
+  return out
+
+
 def longest(ids: Sequence[tuple[list[int], list[int]]], multiple: int = 8) -> int:
   """The longest sequence, rounded up to `multiple` (few distinct shapes: one compile per length)."""
   n = max((max(len(c), len(r)) for c, r in ids), default=1)
@@ -272,11 +292,13 @@ def longest(ids: Sequence[tuple[list[int], list[int]]], multiple: int = 8) -> in
 
 
 def encode_pairs(pairs: Sequence[PreferencePair], ids: Sequence[tuple[list[int], list[int]]], *, max_len: int,
-                 pad_id: int, default_margin: float) -> PairArrays:
-  """Right-padded arrays of `ids` (from `pair_ids`); a sequence over `max_len` is a ConfigError naming its pair."""
+                 pad_id: int, default_margin: float, starts: Sequence[int] | None = None) -> PairArrays:
+  """Right-padded arrays of `ids` (from `pair_ids`); a sequence over `max_len` is a ConfigError naming its pair.
+  `starts` (from `response_starts`): where each pair's response begins; None: at the second token."""
   N = len(pairs)
   tokens_N2T = np.full((N, 2, max_len), pad_id, np.int32)
   mask_N2T = np.zeros((N, 2, max_len), bool)
+  response_N2T = np.zeros((N, 2, max_len), bool)
   for n, (p, sides) in enumerate(zip(pairs, ids)):
     for s, (field, seq) in enumerate(zip(("chosen", "rejected"), sides)):
       if len(seq) > max_len:
@@ -284,5 +306,6 @@ def encode_pairs(pairs: Sequence[PreferencePair], ids: Sequence[tuple[list[int],
                           f"than config.data.max_len={max_len}: raise data.max_len (0: the longest pair)")
       tokens_N2T[n, s, :len(seq)] = seq
       mask_N2T[n, s, :len(seq)] = True
+      response_N2T[n, s, (1 if starts is None else starts[n]):len(seq)] = True
   margin_N = np.array([default_margin if p.margin is None else p.margin for p in pairs], np.float32)
-  return PairArrays(tokens_N2T, mask_N2T, margin_N)
+  return PairArrays(tokens_N2T, mask_N2T, margin_N, response_N2T)

@@ -21,7 +21,7 @@ from jaxrl_llm.checkpointing.config import CheckpointConfig
 def reward_model_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "reward_model"  # what the run calls itself (console, summary, default workdir <workdir_root>/<name>-<UTC time>)
-  c.objective = "bradley_terry"  # bradley_terry: a score per response from preference pairs {prompt, chosen, rejected} (reward_model/loss.py) | process: a score per reasoning step from stepwise rows {prompt, completions, labels} (reward_model/process.py)
+  c.objective = "bradley_terry"  # bradley_terry: a score per response from preference pairs {prompt, chosen, rejected} (reward_model/loss.py) | process: a score per reasoning step from stepwise rows {prompt, completions, labels} (reward_model/process.py) | dpo: the policy itself from the pairs, Direct Preference Optimization (objectives/preference.py; the dpo block)
   c.seed = 0  # PRNG seed of the head and fresh trunk init, the pair order and the held-out split
   c.workdir_root = "./runs"  # runs go to <workdir_root>/<name>-<UTC timestamp> unless --workdir is given
   c.init_checkpoint = ""  # the trunk's params from a run's workdir (newest step: a policy or a reward model) or a HF directory of the same model; "": fresh (or model.hf_path's weights)
@@ -80,6 +80,12 @@ def reward_model_config() -> ml_collections.ConfigDict:
 
   c.log = ml_collections.ConfigDict()
   c.log.every = 10  # write metrics.jsonl and a console line every this many steps (and the last)
+
+  c.dpo = ml_collections.ConfigDict()  # objective=dpo only
+  c.dpo.beta = 0.1  # beta of the implicit reward beta * log(pi / pi_ref), per sequence (Rafailov et al. 2023 use 0.1-0.5)
+  c.dpo.loss_type = "sigmoid"  # sigmoid: DPO (with label_smoothing: conservative DPO) | robust: rDPO, unbiased under label noise eps | ipo: IPO's squared loss (m / beta - 1 / (2 beta))^2
+  c.dpo.label_smoothing = 0.0  # eps in [0, 0.5): the assumed share of flipped labels (sigmoid, robust); 0 for ipo
+  c.dpo.reference = ""  # pi_ref: "" the initial policy (fresh, model.hf_path or init_checkpoint), frozen; else a run's workdir (newest step) or a HF directory of the same model
 
   c.checkpoint = ml_collections.ConfigDict()
   for f in dataclasses.fields(CheckpointConfig):

@@ -89,3 +89,12 @@ def pair_stats(r_chosen_B: jax.Array, r_rejected_B: jax.Array, weight_B: jax.Arr
                    reward=jnp.sum(w_B * 0.5 * (r_c + r_r)), bin_n_K=jnp.sum(onehot_BK, axis=0),
                    bin_conf_K=jnp.einsum("BK,B->K", onehot_BK, conf_B),
                    bin_correct_K=jnp.einsum("BK,B->K", onehot_BK, correct_B))
+
+
+def implicit_reward_summary(stats: PairStats) -> dict[str, float]:
+  """`stats.summary()` of DPO's implicit rewards r = beta log(pi / pi_ref) (objectives/preference.py), plus
+  the mean chosen and rejected reward: reward_mean +- margin / 2 (reward_mean is the mean of (r_c + r_r) / 2,
+  margin that of r_c - r_r). accuracy is the share of pairs whose margin is > 0, ece that of sigmoid(margin)
+  read as P(chosen preferred), the Bradley-Terry probability DPO fits."""
+  s = stats.summary()
+  return {**s, "chosen": s["reward_mean"] + 0.5 * s["margin"], "rejected": s["reward_mean"] - 0.5 * s["margin"]}

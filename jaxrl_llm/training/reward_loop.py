@@ -1,18 +1,25 @@
 """Reward-model training (`python -m jaxrl_llm.reward_model`): from preference pairs, or from
-stepwise labels for a process reward model (`objective = "process"`).
+stepwise labels for a process reward model (`objective = "process"`); and Direct Preference
+Optimization of the policy from the same pairs (`objective = "dpo"`), on the same run shell and
+the same optimizer step.
 
 The run: read and encode the rows (every bad row fails here, before the
 workdir exists), build the trunk on the mesh (fresh, `model.hf_path`, or
 `init_checkpoint`) and the score head (reward_model/scorer.py), then
 `train.steps` AdamW steps on the Bradley-Terry loss (reward_model/loss.py)
 or the per-step cross-entropy (reward_model/process.py), scoring the
-held-out rows at the start, every `eval.every` steps and at the end. The
+held-out rows at the start, every `eval.every` steps and at the end. DPO has no
+score head: its loss is objectives/preference.py's on the sequence log-probs of the
+policy and of the frozen reference pi_ref (the initial params, or `dpo.reference`),
+which the step recomputes for each batch without gradient; the pairwise stats are
+those of the implicit rewards beta * log(pi / pi_ref). The
 workdir holds config.json, metrics.jsonl (+ TensorBoard), checkpoints/ (the
 trunk as `params`, so `init_checkpoint` of a later run reads it, and the head
 as `reward_head`), summary.json and, with `export`, hf/ (a
 Hugging Face sequence- or token-classification folder, reward_model/export.py).
 
-Exact resume: the state is (step, params, head, optimizer state), and the
+Exact resume: the state is (step, params, head, optimizer state; DPO's reference is saved
+beside it as `ref_params`), and the
 pairs of step s are a function of (seed, s) alone (`batch_rows`), so a run
 restored from step k continues as the uninterrupted run did.
 """
@@ -30,30 +37,37 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
+from jaxrl_llm.checkpointing.init import params_from_checkpoint
+from jaxrl_llm.checkpointing.run import ExtraTree, RunCheckpoints, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.heads import init_reward_head
+from jaxrl_llm.model.logprobs import sequence_logprobs
 from jaxrl_llm.model.tokenizer import CharTokenizer, check_hf_dir, make_tokenizer
+from jaxrl_llm.objectives.aggregation import WeightedSum
+from jaxrl_llm.objectives.preference import dpo_loss
 from jaxrl_llm.reward_model import data as data_lib
 from jaxrl_llm.reward_model import process as process_lib
 from jaxrl_llm.reward_model.config import RewardModelConfig
 from jaxrl_llm.reward_model.export import check_exportable, save_reward_hf
-from jaxrl_llm.reward_model.loss import bradley_terry_loss, pair_stats
+from jaxrl_llm.reward_model.loss import PairStats, bradley_terry_loss, implicit_reward_summary, pair_stats
 from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, reward_scores, token_scores
 from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
 from jaxrl_llm.training import provenance
+from jaxrl_llm.training.context import snapshot
 from jaxrl_llm.training.optim import adamw, guarded_update, warmup_schedule
 from jaxrl_llm.training.setup import make_model
 
 EXPORT_DIR = "hf"  # <workdir>/hf: the Hugging Face export
+REF_KEY = "ref_params"  # DPO's frozen reference in the checkpoint
+LOGPROB_IMPL = "auto"  # DPO's log-probs through the streaming vocabulary kernels (kernels/config.py)
 
 
 @struct.dataclass
 class RewardState:
   step: jax.Array  # int32 [] optimizer steps done
   params: dict  # the trunk (model params, shapes per model.param_shapes)
-  reward_head: dict  # {"w_D": f32 [D]} (reward_model/scorer.py); saved under scorer.HEAD_KEY, this field's name
+  reward_head: dict  # {"w_D": f32 [D]} (reward_model/scorer.py), {} for DPO; saved under scorer.HEAD_KEY
   opt_state: tuple  # AdamW state of {"params", "reward_head"}
   data_state: dict = struct.field(pytree_node=False, default_factory=dict)  # empty: the pair order is (seed, step)
 
@@ -100,8 +114,9 @@ def preference_data(cfg: RewardModelConfig) -> RewardData:
   train_ids = data_lib.pair_ids(tokenizer, train_pairs, d.chat_template)
   eval_ids = data_lib.pair_ids(tokenizer, eval_pairs, d.chat_template)
   max_len = d.max_len or data_lib.longest(train_ids + eval_ids)
-  enc = functools.partial(data_lib.encode_pairs, max_len=max_len, pad_id=tokenizer.pad_id,
-                          default_margin=cfg.train.margin)
+  enc = lambda pairs, ids: data_lib.encode_pairs(  # noqa: E731
+      pairs, ids, max_len=max_len, pad_id=tokenizer.pad_id, default_margin=cfg.train.margin,
+      starts=data_lib.response_starts(tokenizer, pairs, ids, d.chat_template))
   return RewardData(tokenizer=tokenizer, train_rows=train_pairs, eval_rows=eval_pairs,
                     train=enc(train_pairs, train_ids), eval=enc(eval_pairs, eval_ids), max_len=max_len, unit="pairs")
 
@@ -147,6 +162,21 @@ def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
   return out
 
 
+def dpo_objective(params, ref_params, model_cfg, batch, weight_B, dpo) -> tuple[WeightedSum, PairStats]:
+  """DPO's loss (objectives/preference.py) on a batch of PairArrays fields (chosen in slot 0, rejected in
+  slot 1) and the stats of its implicit rewards; pi_ref's log-probs are recomputed here without gradient.
+  `dpo`: the config's DPOConfig."""
+  tokens_B2T, mask_B2T, _, response_B2T = batch
+  B, _, T = tokens_B2T.shape
+  seqs = [a.reshape(2 * B, T) for a in (tokens_B2T, mask_B2T, response_B2T)]
+  pi_B2 = sequence_logprobs(params, model_cfg, *seqs, impl=LOGPROB_IMPL).reshape(B, 2)
+  ref_B2 = jax.lax.stop_gradient(sequence_logprobs(ref_params, model_cfg, *seqs, impl=LOGPROB_IMPL).reshape(B, 2))
+  out = dpo_loss(pi_B2[:, 0], pi_B2[:, 1], ref_B2[:, 0], ref_B2[:, 1], weight_B, beta=dpo.beta,
+                 loss_type=dpo.loss_type, label_smoothing=dpo.label_smoothing)
+  r_c, r_r = jax.lax.stop_gradient((out.reward_chosen_B, out.reward_rejected_B))
+  return out.loss, pair_stats(r_c, r_r, weight_B)
+
+
 class RewardModelRun:
   """One reward-model run in `workdir`: `run()` does everything (see the module docstring)."""
 
@@ -161,9 +191,10 @@ class RewardModelRun:
                         "shards of the mesh (mesh.data x mesh.fsdp)")
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise ConfigError(f"workdir {workdir!r} is a file: expected a directory (new, or a reward model's workdir)")
-    if cfg.init_checkpoint and not os.path.isdir(cfg.init_checkpoint):
-      raise ConfigError(f"config.init_checkpoint={cfg.init_checkpoint!r} is not a directory: expected a run's "
-                        "workdir or a Hugging Face directory")
+    for field, path in (("init_checkpoint", cfg.init_checkpoint), ("dpo.reference", cfg.dpo.reference)):
+      if path and not os.path.isdir(path):
+        raise ConfigError(f"config.{field}={path!r} is not a directory: expected a run's workdir or a Hugging Face "
+                          "directory")
     self.data = reward_data(cfg)
     if cfg.export:
       check_exportable(cfg, self.data)
@@ -174,34 +205,49 @@ class RewardModelRun:
                                  for a in batch_arrays(self.data.train))
     self.rows1 = sharding_lib.batch_sharding(self.mesh, ndim=1)
     self.model_cfg = None
+    self.ref_params = {}  # DPO's frozen pi_ref (`reference`); {} otherwise
 
   # ---- state -----------------------------------------------------------------------
   def init_state(self) -> RewardState:
     k_model, k_head = jax.random.split(jax.random.key(self.cfg.seed))
     self.model_cfg, params = make_model(self.cfg, self.data.tokenizer, self.mesh, k_model)
-    head = jax.jit(functools.partial(init_reward_head, self.model_cfg.d_model),
-                   out_shardings=head_shardings(self.mesh))(k_head)
+    head = {} if self.cfg.dpo_run else jax.jit(functools.partial(init_reward_head, self.model_cfg.d_model),
+                                               out_shardings=head_shardings(self.mesh))(k_head)
     step = sharding_lib.put(jnp.zeros((), jnp.int32), sharding_lib.replicated(self.mesh))
     opt_state = sharding_lib.onto_mesh(self.tx.init({"params": params, HEAD_KEY: head}), self.mesh)
     return RewardState(step=step, params=params, reward_head=head, opt_state=opt_state)
 
+  def reference(self, state: RewardState, resuming: bool) -> dict:
+    """DPO's pi_ref: `dpo.reference`'s params, else a copy of the initial ones (a resumed run restores the
+    saved reference into this copy's structure)."""
+    path = self.cfg.dpo.reference
+    if path and not resuming:
+      params, source = params_from_checkpoint(path, state.params, self.model_cfg)
+      self.log(f"dpo.reference: params from {source}")
+      return params
+    return snapshot(state.params)
+
   def _compile(self, state: RewardState) -> None:
     model_cfg, coef, tx, process = self.model_cfg, self.cfg.train.center_coef, self.tx, self.cfg.process
+    dpo = self.cfg.dpo if self.cfg.dpo_run else None
     tree_sh = jax.tree.map(lambda a: a.sharding, state.trees())
+    ref_sh = jax.tree.map(lambda a: a.sharding, self.ref_params)
     opt_sh = jax.tree.map(lambda a: a.sharding, state.opt_state)
     step_sh = state.step.sharding
     batch_sh, rows1 = self.batch_shardings, self.rows1
 
-    def objective(trees, batch, weight_B):
+    def objective(trees, batch, weight_B, ref):
       """(L, (L as a WeightedSum, the batch's stats)) of the configured objective."""
       params, head = trees["params"], trees[HEAD_KEY]
-      if process:  # process.py: a score at every token, the loss and stats at the step ends
+      if dpo is not None:
+        loss, stats = dpo_objective(params, ref, model_cfg, batch, weight_B, dpo)
+      elif process:  # process.py: a score at every token, the loss and stats at the step ends
         tokens_BT, mask_BT, label_BT, step_BT = batch
         s_BT = token_scores(params, head, model_cfg, tokens_BT, mask_BT)
         loss = process_lib.process_bce_loss(s_BT, label_BT, step_BT, weight_B)
         stats = process_lib.step_stats(jax.lax.stop_gradient(s_BT), label_BT, step_BT, weight_B)
       else:  # loss.py: a score per sequence, chosen (slot 0) against rejected (slot 1)
-        tokens_B2T, mask_B2T, margin_B = batch
+        tokens_B2T, mask_B2T, margin_B, _ = batch
         B, _, T = tokens_B2T.shape
         r_B2 = reward_scores(params, head, model_cfg, tokens_B2T.reshape(2 * B, T),
                              mask_B2T.reshape(2 * B, T)).reshape(B, 2)
@@ -210,18 +256,18 @@ class RewardModelRun:
         stats = pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B)
       return loss.value(), (loss, stats)
 
-    @functools.partial(jax.jit, in_shardings=(tree_sh, opt_sh, step_sh, batch_sh, rows1),
+    @functools.partial(jax.jit, in_shardings=(tree_sh, opt_sh, step_sh, batch_sh, rows1, ref_sh),
                        out_shardings=(tree_sh, opt_sh, step_sh, None), donate_argnums=(0, 1))
-    def train_step(trees, opt_state, step, batch, weight_B):
-      # trees and opt_state are donated: the old copies are dead after the update.
-      (value, (loss, stats)), grads = jax.value_and_grad(objective, has_aux=True)(trees, batch, weight_B)
+    def train_step(trees, opt_state, step, batch, weight_B, ref):
+      # trees and opt_state are donated: the old copies are dead after the update (ref is not: it stays).
+      (value, (loss, stats)), grads = jax.value_and_grad(objective, has_aux=True)(trees, batch, weight_B, ref)
       trees, opt_state, grad_norm, skipped = guarded_update(tx, grads, opt_state, trees, value)
       out = {"loss": loss, "stats": stats, "grad_norm": grad_norm, "skipped": skipped}
       return trees, opt_state, step + 1, out
 
-    @functools.partial(jax.jit, in_shardings=(tree_sh, batch_sh, rows1))
-    def eval_step(trees, batch, weight_B):
-      _, (loss, stats) = objective(trees, batch, weight_B)
+    @functools.partial(jax.jit, in_shardings=(tree_sh, batch_sh, rows1, ref_sh))
+    def eval_step(trees, batch, weight_B, ref):
+      _, (loss, stats) = objective(trees, batch, weight_B, ref)
       return loss, stats
 
     self.train_step, self.eval_step = train_step, eval_step
@@ -242,10 +288,14 @@ class RewardModelRun:
       idx = np.arange(start, start + B)
       weight = (idx < len(arrays)).astype(np.float32)
       batch = arrays.take(np.where(idx < len(arrays), idx, 0))
-      loss, s = self.eval_step(state.trees(), *self._device_batch(batch, weight))
+      loss, s = self.eval_step(state.trees(), *self._device_batch(batch, weight), self.ref_params)
       loss_num, loss_den = loss_num + float(loss.numerator), loss_den + float(loss.denominator)
       stats = s if stats is None else stats + s
-    return {"loss": loss_num / max(loss_den, 1.0), **stats.summary(), "n": len(arrays)}
+    return {"loss": loss_num / max(loss_den, 1.0), **self._summary(stats), "n": len(arrays)}
+
+  def _summary(self, stats) -> dict:
+    """The stats' host summary; DPO's adds the mean chosen and rejected implicit rewards."""
+    return implicit_reward_summary(stats) if self.cfg.dpo_run else stats.summary()
 
   def train_batch(self, state: RewardState) -> tuple[RewardState, dict]:
     """One optimizer step on step `state.step`'s pairs; -> (state, the step's metrics)."""
@@ -253,9 +303,10 @@ class RewardModelRun:
     step = int(state.step)
     rows = batch_rows(len(self.data.train), self.cfg.train.batch_size, self.cfg.seed, step)
     batch = self._device_batch(self.data.train.take(rows), np.ones(len(rows), np.float32))
-    trees, opt_state, new_step, out = self.train_step(state.trees(), state.opt_state, state.step, *batch)
+    trees, opt_state, new_step, out = self.train_step(state.trees(), state.opt_state, state.step, *batch,
+                                                      self.ref_params)
     state = state.replace(params=trees["params"], reward_head=trees[HEAD_KEY], opt_state=opt_state, step=new_step)
-    s = out["stats"].summary()
+    s = self._summary(out["stats"])
     metrics = {"train/loss": float(out["loss"].value()), **{f"train/{k}": v for k, v in s.items()},
                "update/grad_norm": float(out["grad_norm"]), "update/skipped_nonfinite": float(out["skipped"]),
                "update/lr": float(self.schedule(step)), "time/step_s": time.time() - t0}
@@ -273,6 +324,10 @@ class RewardModelRun:
                                 log=self.log)
     if cfg.init_checkpoint and not resuming:
       state = ckpt.init_params(state, cfg.init_checkpoint, None)
+    if cfg.dpo_run:
+      self.ref_params = self.reference(state, resuming)
+      ckpt.add_trees({REF_KEY: ExtraTree(get=lambda: self.ref_params,
+                                         set=functools.partial(setattr, self, "ref_params"))})
     self._compile(state)
     # -- checkpoint restore point: the saved state replaces the fresh one; the start eval is the saved one.
     if resuming:
@@ -325,6 +380,8 @@ class RewardModelRun:
         "eval_ece_end": ev_end["ece"], "eval_loss_end": ev_end["loss"],
         **({"eval_first_error_accuracy_end": ev_end["first_error_accuracy"]} if cfg.process else
            {"eval_margin_end": ev_end["margin"]}),
+        **({"eval_margin_start": ev_start["margin"], "eval_chosen_end": ev_end["chosen"],
+            "eval_rejected_end": ev_end["rejected"]} if cfg.dpo_run else {}),
         "train_loss_first": history[0]["train/loss"] if history else None,
         "train_loss_last": history[-1]["train/loss"] if history else None,
         "skipped_updates": float(sum(m["update/skipped_nonfinite"] for m in history)),

@@ -17,12 +17,13 @@ def _parity_reward(prompt, response, answer):
   return float(len(response) % 2)
 
 
-# reward_model.py and process_reward_model.py configure `python -m jaxrl_llm.reward_model`
-# (tests/reward_model/), not an RL method; rlhf_arithmetic.py and rlhf_process.py need such a run's
-# workdir first (tests/reward_model/test_rm_reward.py and test_process_rm.py run them).
+# reward_model.py, process_reward_model.py and dpo.py configure `python -m jaxrl_llm.reward_model`
+# (tests/reward_model/, tests/objectives/test_dpo.py), not an RL method; rlhf_arithmetic.py and
+# rlhf_process.py need such a run's workdir first (tests/reward_model/test_rm_reward.py and
+# test_process_rm.py run them).
 NAMES = sorted(f[:-3] for f in os.listdir(CONFIGS)
                if f.endswith(".py") and f not in ("base.py", "reward_model.py", "rlhf_arithmetic.py",
-                                                  "process_reward_model.py", "rlhf_process.py"))
+                                                  "process_reward_model.py", "rlhf_process.py", "dpo.py"))
 
 
 @pytest.mark.slow
