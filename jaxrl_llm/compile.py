@@ -5,11 +5,15 @@ Compiles every program of the run the config describes (the sampler's
 prefill and decode loop, the recomputes, the update, the SFT warm start, the
 evaluation) with the real TPU compiler for the devices of a TPU topology,
 from this machine, without a TPU (libtpu: `pip install -e ".[tpu-aot]"`),
-and prints per program its HBM per chip against the chip's, its roofline
-forecast and the RL step's seconds, tokens/s per chip and MFU
-(jaxrl_llm/tpu/). `--out` writes plan.json and plan.md there. A program that
-does not fit ends the run with status 1 and one line naming it, what it
-needs, what the chip has and what to change. The run is built as `train`
+and prints per program its HBM per device against the device's (the
+compiler's own figure), its roofline forecast (a lower bound on its time,
+with a latency floor) and the RL step's seconds (a lower bound), sampled
+tokens/s per chip (an upper bound) and MFU where compute binds
+(jaxrl_llm/tpu/). A v4 topology is refused in one line (libtpu makes a
+device of each TensorCore; a v4 runs megacore). `--out` writes plan.json
+and plan.md there. A program that does not fit ends the run with status 1
+and one line naming it, what it needs, what the chip has and what to
+change. The run is built as `train`
 builds it: the mesh of `mesh.*` over the topology's chips, the model from
 the config (or `--model`: a preset of model/config.py or a Hugging Face
 config.json, shapes only, no weights), the method, the batch shapes.
@@ -134,30 +138,36 @@ def plan(cfg, topology: str, model: str = "", *, probes: bool = True, programs: 
 
   from jaxrl_llm.checks import ConfigError
   from jaxrl_llm.model import param_shapes
-  from jaxrl_llm.tpu import forecast
+  from jaxrl_llm.tpu import analysis, forecast
   from jaxrl_llm.tpu.chips import chip_for
   from jaxrl_llm.tpu.programs import run_programs
-  from jaxrl_llm.tpu.topology import topology_devices
+  from jaxrl_llm.tpu.topology import check_one_device_per_chip, topology_devices
 
   devices, topo = topology_devices(topology)
+  check_one_device_per_chip(devices, topology)
   chip = chip_for(devices[0].device_kind)
   if chip is None:
     raise ConfigError(f"--topology={topology!r}: its chips ({devices[0].device_kind}) are not in "
                       "jaxrl_llm/tpu/chips.py's table")
+  hbm = analysis.compiler_hbm(devices[0])  # the fit check's HBM: the compiler's own, where it says
+  if hbm:
+    chip = dataclasses.replace(chip, hbm_bytes=hbm)
   shapes = build_shapes(cfg, model, devices)
   mc, c = shapes.model_cfg, shapes.cfg
-  head = {"topology": topo, "chips": len(devices), "hosts": len({d.process_index for d in devices}),
+  head = {"topology": topo, "chips": len(devices) // chip.devices_per_chip, "devices": len(devices),
+          "hosts": len({d.process_index for d in devices}),
           "mesh": "x".join(f"{k} {v}" for k, v in shapes.mesh.shape.items()),
           "model": model or (os.path.basename(c.model.hf_path.rstrip("/")) if c.model.hf_path else "config's model"),
           "method": c.run_name, "prompts": c.rollout.prompts_per_step, "group": c.rollout.group_size,
           "prompt_len": shapes.prompt_len, "response_len": shapes.response_len,
           "micro_batch": c.micro_batch_size, "kernels_impl": c.kernels.impl,
           "dtypes": f"params {mc.param_dtype}, compute {mc.compute_dtype}, remat {mc.remat}",
-          "layers": mc.n_layers, "params": sum(int(x.size) for x in jax.tree.leaves(param_shapes(mc)))}
+          "layers": mc.n_layers, "params": sum(int(x.size) for x in jax.tree.leaves(param_shapes(mc))),
+          "hbm_per_device": f"{chip.hbm_bytes / 2**30:.2f} GiB ({'the compiler' if hbm else 'tpu/chips.py'})"}
   n = head["params"]
   size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
-  log(f"{head['model']}: {size} params; {topo}: {len(devices)} chips "
-      f"({chip.generation}), {head['hosts']} hosts; mesh {head['mesh']}")
+  log(f"{head['model']}: {size} params; {topo}: {len(devices)} devices "
+      f"({chip.generation}, {chip.devices_per_chip} per chip), {head['hosts']} hosts; mesh {head['mesh']}")
   chosen = select_programs(run_programs(shapes), programs)
   if programs:
     head["programs"] = [p.name for p in chosen]

@@ -6,7 +6,8 @@ Each row runs the compile-only command in its own process (as a user would),
 writes <out>/<row>/plan.json and plan.md, and the table collects them; rows
 whose plan.json exists are not compiled again. `--write_docs` puts the table
 between the plan markers of docs/tpu.md. Every figure is a compiler forecast
-(libtpu's XLA:TPU and Mosaic, rooflines of tpu/chips.py), not a measurement.
+(libtpu's XLA:TPU and Mosaic, rooflines of tpu/chips.py with a latency floor):
+a lower bound on time, an upper bound on tokens/s, not a measurement.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 import subprocess
 import sys
 import time
+
+from jaxrl_llm.tpu.report import MULTI_HOST  # the plan's own words for a multi-host row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,10 +73,16 @@ def run_row(name: str, out: str) -> dict | None:
     return {"name": name, **json.load(f)}
 
 
+def _pct(x) -> str:
+  return "n/a" if x is None else f"{x:.0%}"
+
+
 def table(rows: list[dict]) -> str:
-  lines = ["| model | topology (chips) | shape | mesh | fits | HBM per chip, largest program (GiB) | "
-           "step forecast (s) | sampled tokens/s/chip | MFU step / update | decode vs HBM roofline | "
-           "bounding stage |",
+  """One line per row; the step's seconds are a roofline lower bound, its tokens/s an upper bound, MFU
+  only where every program of the step is bound by compute (jaxrl_llm/tpu/forecast.py)."""
+  lines = ["| model | topology (chips) | shape | mesh | fits | HBM per device, largest program (GiB) | "
+           "step, lower bound (s) | sampled tokens/s/chip, upper bound | MFU step / update | "
+           "decode vs HBM roofline | bounding stage |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     model, topology, shape, _ = ROWS[r["name"]]
@@ -86,11 +95,13 @@ def table(rows: list[dict]) -> str:
     ratio = f"{decode['hbm_roofline_ratio']:.2f}x" if decode and decode.get("hbm_roofline_ratio") else ""
     misfit = [p["name"] for p in progs if not p["fits"]]
     fits = "yes" if not misfit else "**no**: " + ", ".join(misfit)
+    if r.get("hosts", 1) > 1:
+      fits += f" ({MULTI_HOST})"
     lines.append(
         f"| {model} | {r['topology']} ({r['chips']}) | {shape} | {r['mesh']} | {fits} "
         f"| {big['total_bytes'] / 2**30:.1f} ({big['name']}) of {big['hbm_bytes'] / 2**30:.0f} | "
-        f"{step['seconds']:.2f} | {step['sampled_tokens_per_s_per_chip']:,.0f} | {step['mfu']:.0%} / "
-        f"{step['update_mfu']:.0%} | {ratio} | {step['bounding_stage']} |")
+        f"{step['seconds']:.2f} | {step['sampled_tokens_per_s_per_chip']:,.0f} | {_pct(step['mfu'])} / "
+        f"{_pct(step['update_mfu'])} | {ratio} | {step['bounding_stage']} |")
   return "\n".join(lines)
 
 

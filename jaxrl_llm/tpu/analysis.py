@@ -1,15 +1,21 @@
 """What a compiled TPU program says of itself: its memory, its cost and its collectives.
 
-- `memory(compiled)`: the buffer assignment's bytes per chip (arguments,
+- `memory(compiled)`: the buffer assignment's bytes per device (arguments,
   outputs, temporaries, aliased, code) and the peak XLA reports.
 - `cost(compiled)`: XLA's cost analysis of the per-chip program (FLOPs,
   exponentials, bytes accessed; the Pallas kernels' own `cost_estimate`s are
   in it), plus the collectives read from the optimised HLO.
 - `collectives(hlo)`: every all-gather, all-reduce, reduce-scatter,
-  all-to-all and collective-permute: its result bytes, its group size and the
-  bytes a chip moves for it on a ring (all-gather and all-to-all (n-1)/n of
-  the result, reduce-scatter (n-1) x the result, all-reduce 2 (n-1)/n of it,
-  a permute all of it).
+  all-to-all and collective-permute: its result bytes, its group (the first
+  replica group's device ids, in the mesh's order) and size, and the bytes a
+  device moves for it on a ring (all-gather and all-to-all (n-1)/n of the
+  result, reduce-scatter (n-1) x the result, all-reduce 2 (n-1)/n of it, a
+  permute all of it). `cost` prices each on the links its group spans
+  (tpu/ici.py): its bandwidth seconds and its hops' latency.
+- `kernels(hlo)`: the kernels a TensorCore runs one after another (fusions,
+  custom calls, copies, collective starts, unfused array ops) in the entry
+  computation and the loop bodies it calls, each body once.
+- `compiler_hbm(device)`: the HBM the compiler says a device has.
 
 XLA's cost analysis counts a loop's body once, whatever its trip count (checked:
 a 10-step `lax.scan` of a matmul reports the FLOPs of one), so the figures of a
@@ -35,19 +41,25 @@ def _array_bytes(text: str) -> list[float]:
           for dt, dims in _ARRAY.findall(text)]
 
 
-def _group_size(line: str, n_devices: int) -> int:
-  m = re.search(r"replica_groups=\{(\{[0-9,]*\})", line)
+def _group(line: str) -> list[int] | None:
+  """The first replica group's device ids (a permute's first pair); None: every device."""
+  m = re.search(r"(?:replica_groups|source_target_pairs)=\{\{([0-9,]*)\}", line)
   if m:
-    return max(1, len([x for x in m.group(1).strip("{}").split(",") if x]))
-  m = re.search(r"replica_groups=\[([0-9,]+)\]<=", line)  # iota form: [groups, size]<=[devices]
+    return [int(x) for x in m.group(1).split(",") if x]
+  # iota form: [groups, size]<=[dims], optionally T(perm): arange(dims).transpose(perm).reshape(groups, size)
+  m = re.search(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", line)
   if m:
-    return int(m.group(1).split(",")[-1])
-  m = re.search(r"source_target_pairs=", line)
-  return 2 if m else n_devices
+    shape, dims = [int(x) for x in m.group(1).split(",")], [int(x) for x in m.group(2).split(",")]
+    ids = np.arange(int(np.prod(dims))).reshape(dims)
+    if m.group(3):
+      ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+    return [int(x) for x in ids.reshape(shape[0], -1)[0]]
+  return None
 
 
 def collectives(hlo: str, n_devices: int) -> list[dict]:
-  """The collectives of an optimised HLO module: kind, result bytes, group size, bytes moved per chip."""
+  """The collectives of an optimised HLO module: kind, result bytes, group size and the first group's
+  device ids (None: every device), bytes moved per device."""
   out, chains = [], set()
   for line in hlo.splitlines():
     m = _OP.search(line)
@@ -65,12 +77,83 @@ def collectives(hlo: str, n_devices: int) -> list[dict]:
       if key in chains:
         continue
       chains.add(key)
-    size, n = max(sizes), _group_size(line, n_devices)
+    ids = _group(line)
+    size, n = max(sizes), len(ids) if ids else n_devices
     moved = {"all-gather": size * (n - 1) / n, "all-to-all": size * (n - 1) / n,
              "reduce-scatter": min(sizes) * (n - 1), "all-reduce": 2 * size * (n - 1) / n,
              "collective-permute": size}[kind]
-    out.append({"kind": kind, "bytes": size, "group": n, "moved_bytes": moved})
+    out.append({"kind": kind, "bytes": size, "group": n, "ids": ids, "moved_bytes": moved})
   return out
+
+
+# Ops that start no kernel of their own (bookkeeping, control flow, the end of an async op).
+_FREE_OPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+             "replica-id", "while", "conditional", "call", "opt-barrier", "add-dependency", "domain",
+             "get-dimension-size"}
+# Ops that are a kernel even with a scalar result (a scalar add in a loop's bookkeeping is not).
+_KERNEL_OPS = {"fusion", "custom-call", "reduce", "dot", "convolution", "sort", "async-start", "copy-start",
+               "send", "recv", *COLLECTIVES, *(c + "-start" for c in COLLECTIVES)}
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_CALLED = re.compile(r"\b(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)")
+
+
+def _opcode(line: str) -> tuple[str, bool] | None:
+  """(opcode, result is a scalar) of an instruction line, None for any other line."""
+  if " = " not in line:
+    return None
+  rest = line.split(" = ", 1)[1].lstrip()
+  if rest.startswith("("):  # a tuple shape: skip to its closing parenthesis
+    depth = 0
+    for i, ch in enumerate(rest):
+      depth += {"(": 1, ")": -1}.get(ch, 0)
+      if depth == 0:
+        break
+    shape, rest = rest[:i + 1], rest[i + 1:].lstrip()
+  else:
+    shape, _, rest = rest.partition(" ")
+  m = re.match(r"([a-z][a-z0-9\-]*)\(", rest)
+  return (m.group(1), bool(re.match(r"\w+\[\]", shape))) if m else None
+
+
+def kernels(hlo: str) -> int:
+  """Kernels the program runs in sequence: every instruction of the entry computation and of the
+  loop bodies and branches it reaches that starts one (fusions, custom calls, copies, collective
+  starts, unfused array ops; not bookkeeping or scalar arithmetic), each body counted once."""
+  bodies: dict[str, list[str]] = {}
+  entry, name = None, None
+  for line in hlo.splitlines():
+    m = _COMPUTATION.match(line)
+    if m and not line.startswith(" "):
+      name = m.group(1)
+      bodies[name] = []
+      if line.startswith("ENTRY"):
+        entry = name
+    elif line.startswith("}"):
+      name = None
+    elif name is not None:
+      bodies[name].append(line)
+  count, seen, todo = 0, set(), [entry] if entry else []
+  while todo:
+    comp = todo.pop()
+    if comp in seen or comp not in bodies:
+      continue
+    seen.add(comp)
+    for line in bodies[comp]:
+      op = _opcode(line)
+      if op is None:
+        continue
+      opcode, scalar = op
+      todo += _CALLED.findall(line)
+      branches = re.search(r"branch_computations=\{([^}]*)\}", line)
+      if branches:
+        todo += re.findall(r"%?([\w.\-]+)", branches.group(1))
+      if opcode == "call":
+        todo += re.findall(r"to_apply=%?([\w.\-]+)", line)
+      if opcode in _FREE_OPS or opcode.endswith(("-done", "-update")):
+        continue
+      if opcode in _KERNEL_OPS or not scalar:
+        count += 1
+  return count
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}  # XLA's HumanReadableNumBytes
@@ -90,7 +173,7 @@ def out_of_hbm(message: str) -> tuple[int, int] | None:
 
 
 def memory(compiled) -> dict:
-  """Bytes per chip of the program's buffers (XLA's buffer assignment)."""
+  """Bytes per device of the program's buffers (XLA's buffer assignment)."""
   m = compiled.memory_analysis()
   out = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias", "generated_code")}
   peak = int(getattr(m, "peak_memory_in_bytes", 0) or 0)
@@ -99,19 +182,46 @@ def memory(compiled) -> dict:
   return out
 
 
-def cost(compiled, n_devices: int) -> dict:
-  """{flops, transcendentals, bytes, collective_bytes, collectives (count), <kind>_bytes per kind}: one
-  chip's share of one run of the program (loop bodies once: see the module's note)."""
+def cost(compiled, links) -> dict:
+  """{flops, transcendentals, bytes, collective_bytes, collective_s, collective_latency_s, collectives
+  (count), kernels (count), <kind>_bytes per kind}: one device's share of one run of the program (loop
+  bodies once: see the module's note). `links`: the mesh's ICI (tpu/ici.py's Links), which prices each
+  collective on the links its group spans."""
   ca = compiled.cost_analysis()
   ca = ca[0] if isinstance(ca, (list, tuple)) else ca
   out = {"flops": float(ca.get("flops", 0.0)), "transcendentals": float(ca.get("transcendentals", 0.0)),
          "bytes": float(ca.get("bytes accessed", 0.0))}
-  colls = collectives(compiled.as_text(), n_devices)
+  hlo = compiled.as_text()
+  colls = collectives(hlo, links.n)
   out["collective_bytes"] = float(sum(c["moved_bytes"] for c in colls))
+  priced = [links.seconds(c["kind"], c["moved_bytes"], c["ids"]) for c in colls]
+  out["collective_s"] = float(sum(bw for bw, _ in priced))
+  out["collective_latency_s"] = float(sum(lat for _, lat in priced))
   out["collectives"] = float(len(colls))
+  out["kernels"] = float(kernels(hlo))
   for kind in COLLECTIVES:
     out[f"{kind}_bytes"] = float(sum(c["moved_bytes"] for c in colls if c["kind"] == kind))
   return out
+
+
+def compiler_hbm(device) -> int | None:
+  """The HBM (bytes) the compiler gives a program on `device`: from its refusal of a program whose
+  temporaries (1 TiB) exceed it, or None when it does not say."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+
+  whole = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+  x = jax.ShapeDtypeStruct((1 << 20,), jnp.float32, sharding=whole)
+  # A sort of a [2^18, 2^20] f32 broadcast: 1 TiB of temporaries the compiler cannot fuse away.
+  big = jax.jit(lambda v: jnp.sort(jnp.broadcast_to(v, (1 << 18, 1 << 20)) * 3.0, axis=0)[::7].sum(),
+                out_shardings=whole)
+  try:
+    big.lower(x).compile()
+  except jax.errors.JaxRuntimeError as e:
+    found = out_of_hbm(str(e))
+    return found[1] if found else None
+  return None
 
 
 def combine(costs: dict[tuple[int, int], dict], layers: int, loop: int) -> dict:

@@ -1,4 +1,4 @@
-"""Compile every program of a run for a TPU topology and forecast it: fit, time, bound, MFU.
+"""Compile every program of a run for a TPU topology and forecast it: fit, a lower bound on time, bound, MFU.
 
 For each program (tpu/programs.py):
 
@@ -15,17 +15,29 @@ For each program (tpu/programs.py):
    extended linearly in the cache length and summed over the loop's steps, at
    the cache length each segment of the loop reads (`loop.segment_lengths`):
    the forecast of a loop that runs every row to max_response_len tokens.
-3. **Roofline**: per program, compute = FLOPs / peak bf16, memory = bytes
-   accessed / HBM bandwidth, collectives = bytes moved per chip / one
-   direction of the chip's ICI (tpu/chips.py); the forecast is the largest of
-   the three (perfect overlap), and that one is the program's bound. An RL
-   step is the sum of its programs times their calls per step.
+3. **Roofline**: per program and per device (tpu/chips.py: a 7x device is
+   half a chip), compute = FLOPs / peak bf16, memory = bytes accessed / HBM
+   bandwidth, collectives = each collective's bytes moved per device over the
+   ICI links along the axes its group spans (tpu/ici.py), and latency = one
+   program launch + its kernels in sequence x a kernel's launch + each
+   collective's hops x the hop latency (`latency_floor`; the constants and
+   their sources: tpu/chips.py). The forecast is the largest of the four
+   (perfect overlap), and that one is the program's bound. An RL step is the
+   sum of its programs times their calls per step.
 
-MFU = model FLOPs / (forecast seconds x chips x peak), model FLOPs as PaLM
+The forecast is a **roofline lower bound** on a program's time (every FLOP at
+peak, every byte at full bandwidth, everything overlapped), so tokens per
+second from it are an **upper bound**. It leaves out the host's share of a
+step (the rewards, `device_get`, Python's dispatch between the stages): a
+compile-only plan has no measurement of it.
+
+MFU = model FLOPs / (forecast seconds x devices x peak), model FLOPs as PaLM
 counts them (appendix B): 6 x (weights the token passes) per trained token
 plus 12 x layers x heads x head_dim x sequence for attention, 2 and 4 x those
 for a forward-only token. Rematerialisation's extra forward is hardware work,
-not model FLOPs.
+not model FLOPs. It is given only for a program bound by compute: bound by
+memory, collectives or latency, its MFU would be the ratio of two unrelated
+floors, not a forecast.
 
 Every figure here is a compiler forecast for a chip this machine does not
 have, not a measurement.
@@ -43,7 +55,8 @@ import jax.numpy as jnp
 from jaxrl_llm.model import lora
 from jaxrl_llm.sampling import loop as sampler_loop
 from jaxrl_llm.tpu import analysis
-from jaxrl_llm.tpu.chips import Chip
+from jaxrl_llm.tpu.chips import KERNEL_LAUNCH_S, PROGRAM_LAUNCH_S, Chip
+from jaxrl_llm.tpu.ici import Links
 from jaxrl_llm.tpu.programs import (Program, RunShapes, bytes_per_chip, lower_decode, lower_decode_step, opt_sds,
                                     param_sds, resized, with_shardings)
 
@@ -57,10 +70,10 @@ class ProgramReport:
   outside_bytes: int  # what the run holds on each chip beside the program's own buffers
   mosaic_kernels: int  # Mosaic custom calls in the compiled program
   collectives: dict  # kind -> count in the compiled program
-  cost: dict  # one run of the program, per chip: flops, transcendentals, bytes, collective bytes
-  seconds: dict  # compute, memory, collectives, forecast
-  bound: str  # compute | memory | collectives
-  model_flops: float  # per chip, PaLM's count
+  cost: dict  # one run of the program, per device: flops, transcendentals, bytes, collectives, kernels
+  seconds: dict  # compute, memory, collectives, latency, forecast (the largest: a lower bound)
+  bound: str  # compute | memory | collectives | latency
+  model_flops: float  # seconds of PaLM's model FLOPs per device at peak
   compile_s: float  # seconds the full compile took here
   hbm_bytes: int  # the chip's
   hbm_bytes_per_s: float  # the chip's
@@ -83,15 +96,25 @@ class ProgramReport:
     return self.seconds["forecast"] / (floor / self.hbm_bytes_per_s)
 
   @property
-  def mfu(self) -> float:
+  def mfu(self) -> float | None:
+    """Model FLOPs over the forecast at peak, for a program bound by compute; None otherwise."""
     t = self.seconds["forecast"]
-    return 0.0 if t <= 0 else self.model_flops / t
+    return self.model_flops / t if self.bound == "compute" and t > 0 else None
+
+
+def latency_floor(c: dict) -> float:
+  """Seconds one run of a program takes however few its bytes and FLOPs: its launch, its kernels one
+  after another, and its collectives' hops (tpu/chips.py's constants)."""
+  return PROGRAM_LAUNCH_S + c.get("kernels", 0.0) * KERNEL_LAUNCH_S + c.get("collective_latency_s", 0.0)
 
 
 def roofline(c: dict, chip: Chip) -> tuple[dict, str]:
+  """A program's seconds per device by each floor, the largest as its forecast (a lower bound), and
+  which one that is."""
   secs = {"compute": max(c["flops"], c.get("model_flops_floor", 0.0)) / chip.peak_bf16_flops,
           "memory": c["bytes"] / chip.hbm_bytes_per_s,
-          "collectives": c["collective_bytes"] / (chip.ici_bytes_per_s / 2)}
+          "collectives": c["collective_s"],
+          "latency": latency_floor(c)}
   bound = max(secs, key=secs.get)
   secs["forecast"] = secs[bound]
   return secs, bound
@@ -171,7 +194,7 @@ def _collective_counts(hlo: str, n: int) -> dict:
   return counts
 
 
-def _decode_cost(p: Program, shapes: RunShapes, probe_prefills: dict, chip_devices: int, full_state) -> dict:
+def _decode_cost(p: Program, shapes: RunShapes, probe_prefills: dict, links: Links, full_state) -> dict:
   """The decode loop's cost: decode_step probes at 1 and 2 layers x two cache lengths, extended
   linearly to L layers and summed over the loop's steps at each segment's cache length. Adds
   `hbm_roofline_bytes`: what each step must read at least, the chip's share of the weights (in the
@@ -190,7 +213,7 @@ def _decode_cost(p: Program, shapes: RunShapes, probe_prefills: dict, chip_devic
     params = p.params_view(params) if p.params_view else params
     for j, length in ((1, lo), (2, hi)):
       compiled = lower_decode_step(shapes, scfg, pmc, params, resized(state, length)).compile()
-      probes[(n, j)] = analysis.cost(compiled, chip_devices)
+      probes[(n, j)] = analysis.cost(compiled, links)
   total = {k: 0.0 for k in probes[(1, 1)]}
   # Step t (1 <= t < R) runs in the first segment whose cache reaches slot P + t - 1 (loop.decode).
   steps_at = {}
@@ -232,6 +255,7 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
   """Compiles each program for the mesh's devices (and its cost probes), -> one report each."""
   mc, mesh = shapes.model_cfg, shapes.mesh
   n_dev = mesh.devices.size
+  links = Links.of(mesh.devices.flat, chip)
   params = param_sds(mc, mesh)
   cfg = shapes.cfg
   opt = opt_sds(shapes.tx, lora.trainable(params), mesh)
@@ -273,11 +297,11 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
     compile_s = time.time() - t0
     hlo = compiled.as_text()
     mem = analysis.memory(compiled)
-    cost = analysis.cost(compiled, n_dev)
+    cost = analysis.cost(compiled, links)
     if probes:
       pcfgs = _probe_cfgs(mc)
       if p.kind == "decode":
-        cost = _decode_cost(p, shapes, probe_prefill[p.sampling], n_dev, state)
+        cost = _decode_cost(p, shapes, probe_prefill[p.sampling], links, state)
       else:
         costs = {}
         loops = (1, 2) if p.kind == "update" and p.loop > 1 else (1,)
@@ -285,7 +309,7 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
           pparams = view(param_sds(pmc, mesh, unstacked=True))
           for m in loops:
             c = p.lower(pmc, pparams, m).compile()
-            costs[(n, m)] = analysis.cost(c, n_dev)
+            costs[(n, m)] = analysis.cost(c, links)
             if p.kind == "prefill" and m == 1:
               probe_prefill.setdefault(p.sampling, {})[n] = with_shardings(c.out_info, c.output_shardings)
         cost = analysis.combine(costs, mc.n_layers, p.loop)
@@ -297,13 +321,14 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
       cost["model_flops_floor"] = flops * chip.peak_bf16_flops * remat
       secs, bound = roofline(cost, chip)
     else:  # fit only: one compile counts each loop body once, no forecast from it
-      secs, bound = {"compute": 0.0, "memory": 0.0, "collectives": 0.0, "forecast": 0.0}, "not forecast"
+      secs, bound = {"compute": 0.0, "memory": 0.0, "collectives": 0.0, "latency": 0.0, "forecast": 0.0}, \
+          "not forecast"
     reports.append(ProgramReport(
         name=p.name, note=p.note, calls_per_step=p.calls_per_step, memory=mem, outside_bytes=int(outside),
         mosaic_kernels=_mosaic_count(hlo), collectives=_collective_counts(hlo, n_dev), cost=cost, seconds=secs,
         bound=bound, model_flops=flops, compile_s=time.time() - t0, hbm_bytes=chip.hbm_bytes,
         hbm_bytes_per_s=chip.hbm_bytes_per_s))
-    log(f"  {p.name}: {mem['peak'] / 2**30:.2f} GiB peak per chip, forecast {secs['forecast'] * 1e3:.2f} ms "
+    log(f"  {p.name}: {mem['peak'] / 2**30:.2f} GiB peak per device, lower bound {secs['forecast'] * 1e3:.2f} ms "
         f"({bound}), compiled in {compile_s:.0f} s" + (f", {time.time() - t0 - compile_s:.0f} s of probes"
                                                        if probes else ""))
   return reports
@@ -312,7 +337,7 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
 def _refused(p: Program, why: str, need: int, outside: int, chip: Chip, compile_s: float) -> ProgramReport:
   """The report of a program the compiler refused: `need` bytes of temporaries per chip, no cost."""
   mem = {"argument": 0, "output": 0, "temp": need, "alias": 0, "generated_code": 0, "peak": need}
-  zero = {"compute": 0.0, "memory": 0.0, "collectives": 0.0, "forecast": 0.0}
+  zero = {"compute": 0.0, "memory": 0.0, "collectives": 0.0, "latency": 0.0, "forecast": 0.0}
   return ProgramReport(name=p.name, note=p.note, calls_per_step=p.calls_per_step, memory=mem,
                        outside_bytes=int(outside), mosaic_kernels=0, collectives={}, cost={}, seconds=zero,
                        bound="not compiled", model_flops=0.0, compile_s=compile_s, hbm_bytes=chip.hbm_bytes,
@@ -320,15 +345,20 @@ def _refused(p: Program, why: str, need: int, outside: int, chip: Chip, compile_
 
 
 def step_summary(reports: list[ProgramReport], shapes: RunShapes, chip: Chip) -> dict:
-  """An RL step's forecast: seconds, tokens per second per chip, MFU, the stage that bounds it."""
-  n_dev = shapes.mesh.devices.size
+  """An RL step's forecast: seconds (a roofline lower bound), sampled tokens per second per chip (an
+  upper bound), its latency floor, MFU (only when every program of the step is bound by compute:
+  else None), the stage that bounds it."""
+  chips = shapes.mesh.devices.size / chip.devices_per_chip
   in_step = [r for r in reports if r.calls_per_step]
   seconds = sum(r.calls_per_step * r.seconds["forecast"] for r in in_step)
-  model_s = sum(r.calls_per_step * r.model_flops for r in in_step)  # model FLOPs / peak, per chip
+  model_s = sum(r.calls_per_step * r.model_flops for r in in_step)  # model FLOPs / peak, per device
   by_stage = {r.name: r.calls_per_step * r.seconds["forecast"] for r in in_step}
   B, R = shapes.rows, shapes.response_len
-  return {"seconds": seconds, "sampled_tokens_per_s_per_chip": B * R / seconds / n_dev if seconds else 0.0,
-          "mfu": model_s / seconds if seconds else 0.0,
+  compute_bound = bool(in_step) and all(r.bound == "compute" for r in in_step)
+  return {"seconds": seconds, "sampled_tokens_per_s_per_chip": B * R / seconds / chips if seconds else 0.0,
+          "latency_floor_s": sum(r.calls_per_step * r.seconds["latency"] for r in in_step),
+          "mfu": model_s / seconds if seconds and compute_bound else None,
           "bounding_stage": max(by_stage, key=by_stage.get) if seconds else "not forecast",
-          "stage_seconds": by_stage, "fits": all(r.fits for r in reports),
-          "update_mfu": next((r.mfu for r in reports if r.name == "update"), 0.0)}
+          "stage_seconds": by_stage, "stage_bounds": {r.name: r.bound for r in in_step},
+          "fits": all(r.fits for r in reports),
+          "update_mfu": next((r.mfu for r in reports if r.name == "update"), None)}

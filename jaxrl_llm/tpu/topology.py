@@ -12,7 +12,8 @@ slice shape Google lists for it (`ACCELERATOR_TYPES`).
 What can go wrong says how to fix it, in one line (`TopologyError`): no
 libtpu (the install command), a libtpu that is not the one jax pins (both
 versions), a name libtpu refuses (the accepted forms and the generations
-this table knows), another process holding libtpu's lock.
+this table knows), another process holding libtpu's lock, a v4 topology
+(`check_one_device_per_chip`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,24 @@ def topology_devices(name: str) -> tuple[list, str]:
                         f"with a generation of {', '.join(GENERATIONS)}, e.g. v5e:2x4 or v5p:4x4x4, or an "
                         f"accelerator type such as v5p-64") from None
   return list(desc.devices), topo
+
+
+# Generations whose chips jax meshes as several devices (jax's mesh_utils: one per TensorCore).
+CORES_AS_DEVICES = ("TPU7x",)
+
+
+def check_one_device_per_chip(devices, name: str) -> None:
+  """libtpu describes a v4 chip as two devices (one per TensorCore), where a v4 runs as one megacore
+  device per chip and jax builds its meshes only so: a plan for it would be of a run that cannot
+  exist, so it is refused (v5p and 7x are meshed as libtpu makes them)."""
+  kind = devices[0].device_kind
+  cores = {getattr(d, "core_on_chip", 0) for d in devices}
+  if len(cores) > 1 and kind not in CORES_AS_DEVICES:
+    chips = len({tuple(d.coords) for d in devices})
+    raise TopologyError(
+        f"--topology={name!r}: libtpu makes {len(devices)} devices of its {chips} {kind} chips (one per "
+        "TensorCore), but a v4 runs one megacore device per chip and jax meshes it only so; v4 is not "
+        "planned: give a v5e, v5p, v6e or TPU7x topology (v5e:2x4, v5p:2x2x1, v6e:2x4, TPU7x:2x2x1)")
 
 
 def allow_parallel_compiles() -> None:

@@ -1,11 +1,13 @@
 """`python -m jaxrl_llm.compile`: a run's programs through the real TPU compiler, and what the plan reads of them.
 
 Each figure the plan prints rests on one of these checks: the collectives'
-bytes (against shard_map programs whose collectives the test writes), the
-cost probes' extension to L layers (against the unrolled program at L), the
-Mosaic kernels' cost estimate (against 2 N D V written out), the decode
-loop's sum over its steps, and the default run's plan end to end. Needs
-libtpu (`pip install -e ".[tpu-aot]"`); compiles for v5e:2x2, small shapes.
+bytes and the links each is charged (against shard_map programs whose
+collectives the test writes), the cost probes' extension to L layers
+(against the unrolled program at L), the Mosaic kernels' cost estimate
+(against 2 N D V written out), the decode loop's sum over its steps, the
+default run's plan end to end with its latency floor, the 7x devices and the
+HBM the compiler reports, the v4 refusal. Needs libtpu
+(`pip install -e ".[tpu-aot]"`); compiles for v5e:2x2, small shapes.
 """
 
 import dataclasses
@@ -32,9 +34,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
+from jaxrl_llm import cli  # noqa: E402
 from jaxrl_llm import compile as compile_lib  # noqa: E402
 from jaxrl_llm import kernels  # noqa: E402
 from jaxrl_llm.tpu import analysis, forecast, report  # noqa: E402
+from jaxrl_llm.tpu.chips import CHIPS, GIB, KERNEL_LAUNCH_S, PROGRAM_LAUNCH_S  # noqa: E402
+from jaxrl_llm.tpu.ici import Links  # noqa: E402
 from jaxrl_llm.tpu.programs import lower_recompute, lower_update, param_sds, run_programs  # noqa: E402
 from jaxrl_llm.tpu.topology import topology_devices  # noqa: E402
 from jaxrl_llm.training.config import from_config_dict  # noqa: E402
@@ -95,6 +100,36 @@ def test_collectives_are_read_with_their_bytes():
   assert big["bytes"] == 512 * 1024 and big["moved_bytes"] == 2 * 512 * 1024 * 3 / 4
 
 
+def test_a_one_axis_collective_is_charged_that_axis_links():
+  """On a 2 x 2 mesh of the v5e 2x2 slice (no wraparound), a gather over one mesh axis spans one
+  physical axis: one link, 50 GB/s one way (Google's 400 GB/s per chip over 2 directions x 4 links),
+  1 hop; a gather over both mesh axes has a link along each, 100 GB/s, 2 hops; an all-reduce over one
+  axis 2 x 1 hops. Before, every collective was charged half the chip's ICI, 200 GB/s."""
+  mesh = Mesh(np.array(_devices()).reshape(2, 2), ("a", "b"))
+
+  def body(x):
+    one = jax.lax.all_gather(x, "a", tiled=True)  # f32 [256, 256] result, 1/2 of it moved: 128 KiB
+    both = jax.lax.all_gather(x * 3.0, ("a", "b"), tiled=True)  # [512, 256], 3/4 moved: 384 KiB
+    total = jax.lax.psum(x * 2.0, "b")  # [128, 256], 2 x 1/2 moved: 128 KiB
+    return jnp.stack([one.sum(), both.sum(), total.sum()])[None, None]
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=P("a", "b"), out_specs=P("a", "b"))
+  x = jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=NamedSharding(mesh, P("a", "b")))
+  compiled = jax.jit(f).lower(x).compile()
+  links = Links.of(mesh.devices.flat, CHIPS["v5e"])
+  found = {(c["kind"], c["group"]): c for c in analysis.collectives(compiled.as_text(), 4)}
+  kib = 1024
+  assert found[("all-gather", 2)]["moved_bytes"] == 128 * kib
+  assert found[("all-gather", 4)]["moved_bytes"] == 384 * kib
+  assert found[("all-reduce", 2)]["moved_bytes"] == 128 * kib
+  assert [links.group_cost(found[k]["ids"]) for k in [("all-gather", 2), ("all-gather", 4), ("all-reduce", 2)]] \
+      == [(50e9, 1), (100e9, 2), (50e9, 1)]
+  c = analysis.cost(compiled, links)
+  assert c["collective_s"] == pytest.approx(128 * kib / 50e9 + 384 * kib / 100e9 + 128 * kib / 50e9)
+  assert c["collective_latency_s"] == pytest.approx((1 + 2 + 2 * 1) * 1e-6)
+  assert c["collective_s"] > c["collective_bytes"] / 200e9  # the old charge, 2.4x lower here
+
+
 
 def test_a_chain_of_async_collective_fusions_is_one_collective():
   """XLA:TPU overlaps a gather with compute as a chain of async collective fusions (one chain_id),
@@ -120,10 +155,10 @@ def test_probes_extend_exactly_to_more_layers(program):
   mc = shapes.model_cfg
   lower = {"recompute": lambda m, p: lower_recompute(shapes, m, p, shapes.cfg.micro_batch_size),
            "update": lambda m, p: lower_update(shapes, m, p, 1)}[program]
-  costs = {}
+  costs, links = {}, Links.of(shapes.mesh.devices.flat, CHIPS["v5e"])
   for n in (1, 2, 3):
     m = mc.replace(n_layers=n)
-    costs[n] = analysis.cost(lower(m, param_sds(m, shapes.mesh, unstacked=True)).compile(), 4)
+    costs[n] = analysis.cost(lower(m, param_sds(m, shapes.mesh, unstacked=True)).compile(), links)
   extended = analysis.combine({(1, 1): costs[1], (2, 1): costs[2]}, 3, 1)
   np.testing.assert_allclose(extended["flops"], costs[3]["flops"], rtol=1e-6)
   # measured: 0.1% (recompute) and 3.3% (the update with shared prompts; 1.7% without)
@@ -150,7 +185,7 @@ def test_mosaic_kernels_report_their_cost():
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     compiled = jax.jit(lambda h, w, t: kernels.token_logprobs(h, w, t, temperature=1.0).logp).lower(
         h, w, t).compile()
-  c = analysis.cost(compiled, 1)
+  c = analysis.cost(compiled, Links.of(mesh.devices.flat, CHIPS["v5e"]))
   assert 2 * n * d * v <= c["flops"] <= 2 * n * d * v * 1.01
   assert n * v <= c["transcendentals"] <= n * v * 1.01
   # w read once per block of rows, the hidden states once: at least the bytes of w and h.
@@ -190,13 +225,33 @@ def test_default_run_plan():
     assert d["kv_bytes"] == pytest.approx(mc.n_layers * kv_layer)
     assert d["per_layer_bytes"] >= kv_layer
   assert lo["slots"] < hi["slots"]
-  assert 0 < step["mfu"] < 1 and step["seconds"] > 0 and step["fits"]
+  assert step["seconds"] > 0 and step["fits"]
   assert step["seconds"] == pytest.approx(sum(r.calls_per_step * r.seconds["forecast"] for r in reports))
-  # JSON and markdown: every program, and the label.
+  # The latency floor: each program's launch, its kernels in sequence and its collectives' hops; the
+  # forecast is the largest floor. The decode loop runs at least one kernel per layer per step.
+  for r in reports:
+    s = r.seconds
+    assert s["latency"] == pytest.approx(PROGRAM_LAUNCH_S + r.cost["kernels"] * KERNEL_LAUNCH_S
+                                         + r.cost["collective_latency_s"])
+    assert s["forecast"] == max(s["compute"], s["memory"], s["collectives"], s["latency"])
+    assert (r.mfu is None) == (r.bound != "compute")  # MFU only where compute binds
+  assert by_name["rollout/decode"].cost["kernels"] >= (R - 1) * mc.n_layers
+  in_step = [r for r in reports if r.calls_per_step]
+  assert step["latency_floor_s"] == pytest.approx(sum(r.calls_per_step * r.seconds["latency"] for r in in_step))
+  assert step["seconds"] >= step["latency_floor_s"] >= sum(r.calls_per_step for r in in_step) * PROGRAM_LAUNCH_S
+  # Each floor is at least the one before this change (whole-chip ICI, no latency term), whose step
+  # forecast was 1.67 ms on this topology for this config.
+  assert step["seconds"] > 1.67e-3
+  assert (step["mfu"] is None) == any(r.bound != "compute" for r in in_step)
+  # The fit check's HBM is the compiler's: 15.75 GiB per v5e device (Google's page: 16 GiB).
+  assert all(r.hbm_bytes == int(15.75 * GIB) for r in reports) and head["hbm_per_device"] == "15.75 GiB (the compiler)"
+  # JSON and markdown: every program, and the labels.
   js = json.loads(json.dumps(report.as_json(head, reports, step, chip)))
   assert [p["name"] for p in js["programs"]] == list(by_name) and "not a measurement" in js["label"]
+  assert "lower bound on time" in js["label"] and "upper bound on tokens/s" in js["label"]
   md = report.plan_markdown(head, reports, step, chip)
-  assert all(f"| {name} |" in md for name in by_name) and "RL step forecast" in md
+  assert all(f"| {name} |" in md for name in by_name)
+  assert "RL step forecast (roofline lower bound)" in md and "sampled tokens/s/chip (upper bound)" in md
   assert report.misfits(reports, head) == []
 
 
@@ -240,7 +295,7 @@ def test_a_program_that_does_not_fit_is_named_with_what_to_change():
   head, reports, _, _ = _default_plan()
   small = [dataclasses.replace(r, hbm_bytes=r.memory["peak"] // 2) if r.name == "update" else r for r in reports]
   (line,) = report.misfits(small, head)
-  assert line.startswith("update does not fit on v5e:2x2: needs ") and "the chip has" in line
+  assert line.startswith("update does not fit on v5e:2x2: needs ") and "the device has" in line
   assert "micro_batch_size" in line or "mesh.fsdp" in line
   small = [dataclasses.replace(r, hbm_bytes=r.memory["temp"] // 2, outside_bytes=0) if r.name == "eval/prefill"
            else r for r in reports]
@@ -318,6 +373,34 @@ def test_a_multi_host_slice_compiles_from_one_process():
   assert (head["chips"], head["hosts"], chip.generation) == (8, 2, "v5p")
   assert head["mesh"] == "data 1xfsdp 4xtensor 2" and step["fits"]
   assert {r.name for r in reports} >= {"rollout/prefill", "rollout/decode", "update", "recompute"}
+  md = report.plan_markdown(head, reports, step, chip)
+  assert "fits: yes (multi-controller run verified with several processes on CPU, not on a pod)" in md
+
+
+def test_7x_devices_are_half_chips_with_the_compilers_hbm():
+  """libtpu makes TPU7x:2x2x1 8 devices of 4 chips, cores 0 and 1 of each: the chip table's
+  devices_per_chip. The compiler gives each 94.75 GiB of HBM (half of 192 GiB, less what it keeps),
+  a v5e device 15.75 GiB: the figures the fit check uses."""
+  devices, _ = topology_devices("TPU7x:2x2x1")
+  chips = {tuple(d.coords) for d in devices}
+  assert (len(devices), len(chips), {d.core_on_chip for d in devices}) == (8, 4, {0, 1})
+  assert len(devices) // len(chips) == CHIPS["7x"].devices_per_chip
+  assert analysis.compiler_hbm(devices[0]) == int(94.75 * GIB) < CHIPS["7x"].hbm_bytes
+  assert analysis.compiler_hbm(_devices()[0]) == int(15.75 * GIB)
+
+
+def test_v4_is_refused_in_one_line(capsys):
+  """libtpu makes a v4-8 8 devices (one per TensorCore of 4 chips), where a v4 runs megacore and jax
+  meshes it only so (it asserted "requires one device per chip"): the command ends with one line
+  naming the topology and what is allowed, status 2, no traceback."""
+  with pytest.raises(SystemExit) as e:
+    cli.guard(compile_lib.plan, _cfg(), "v4-8")
+  assert e.value.code == 2
+  assert capsys.readouterr().err.splitlines() == [
+      "error: --topology='v4-8': libtpu makes 8 devices of its 4 TPU v4 chips (one per TensorCore), but a v4 "
+      "runs one megacore device per chip and jax meshes it only so; v4 is not planned: give a v5e, v5p, v6e or "
+      "TPU7x topology (v5e:2x4, v5p:2x2x1, v6e:2x4, TPU7x:2x2x1)",
+      "(--debug shows the traceback)"]
 
 
 def test_the_teacher_pass_compiles_with_its_vocabulary_kernels():
