@@ -241,6 +241,7 @@ class RolloutConfig:
   record_topk: int
   continuous_slots: int  # built-in engine: 0 one static batch per step; N > 0 N slots with continuous batching
   decode_chunk: int  # continuous batching: decode steps between two looks at which samples ended
+  exact: bool  # log mu recorded by the trainer's row-wise program: == log pi_prox on-policy (sampling/exact.py)
   mismatch: SamplerMismatch = SamplerMismatch()  # the built-in sampler's weight mismatch (quantisation, noise)
   server: ServerConfig = ServerConfig()  # an external engine's server (engine 'openai')
 
@@ -292,6 +293,16 @@ class RolloutConfig:
       if self.sampler_dtype != "float32":
         raise bad("config.rollout.sampler_dtype", self.sampler_dtype, "engine 'openai' samples at the precision "
                   "of config.rollout.server.export: use 'float32'")
+    check_bool("config.rollout.exact", self.exact)
+    if self.exact:
+      if self.engine != "builtin":
+        raise bad("config.rollout.engine", self.engine, "rollout.exact records log mu with the trainer's own program "
+                  "from the built-in sampler's weights: use engine 'builtin', or rollout.exact=False")
+      for name, value, off in (("top_k", self.top_k, 0), ("top_p", self.top_p, 1.0),
+                               ("record_topk", self.record_topk, 0)):
+        if value != off:
+          raise bad(f"config.rollout.{name}", value, f"{off} with rollout.exact=True (log mu is recomputed from the "
+                    "untruncated softmax at the temperature, as the trainer's log pi), or rollout.exact=False")
     if self.mismatch.active and self.engine != "builtin":
       raise bad("config.rollout.engine", self.engine, "rollout.mismatch.quant and rollout.mismatch.noise are "
                 "applied by the built-in sampler only: use engine 'builtin', or mismatch.quant='none' and "

@@ -148,6 +148,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.rollout.overlap = False  # generate the next k = staleness steps' batches in the background while step s updates (a queue of depth k >= 1; the same samples as the synchronous run with that staleness; training/async_rollout.py)
   c.rollout.continuous_slots = 0  # 0: each step's samples decode as one static batch (every row waits for the longest); N: N slots, each taking the next queued sample when its own ends (continuous batching, sampling/continuous.py; long-tailed response lengths)
   c.rollout.decode_chunk = 16  # continuous batching: decode steps between two looks at which samples ended
+  c.rollout.exact = False  # record log mu with the trainer's row-wise full-sequence program (sampling/exact.py), and recompute log pi_prox / pi_ref each row alone (model/invariant.py): log mu == log pi_prox bit for bit on-policy, in any micro-batch, layout or data-axis size; built-in engine, top_k 0, top_p 1, record_topk 0
   c.rollout.record_topk = 0  # sampler's top-k log-probs kept per token (Score Centering's top-k form); 0: none
   # Mismatch on purpose (built-in engine), combinable with sampler_dtype and staleness: quant, quant_group,
   # noise, noise_seed, each documented in sampling/mismatch.py (SamplerMismatch).

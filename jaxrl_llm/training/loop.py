@@ -31,6 +31,7 @@ from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
 from jaxrl_llm.rundir.report import write_report_safely
 from jaxrl_llm.sampling.engine import make_engine
+from jaxrl_llm.sampling.exact import ExactEngine
 from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training import provenance, setup
@@ -211,10 +212,13 @@ class Trainer:
     makes it before the warm start, so that what it checks (a server that does not answer, another
     vocabulary, a sampling setting the server does not apply) is an error before any training."""
     if self.engine is None:
-      self.engine = make_engine(self.cfg.rollout.engine, model_cfg=self.model_cfg, sampling_cfg=self.sampling_cfg,
-                                tokenizer=self.tokenizer, batch_sharding=self.batch_sharding, run_cfg=self.cfg)
+      self.engine = sampler = make_engine(self.cfg.rollout.engine, model_cfg=self.model_cfg,
+                                          sampling_cfg=self.sampling_cfg, tokenizer=self.tokenizer,
+                                          batch_sharding=self.batch_sharding, run_cfg=self.cfg)
       if self.episodes is not None:  # each sample an episode of the environment (training/episodes.py)
         self.engine = EpisodeEngine(self.engine, self.episodes, self.sampling_cfg)
+      if self.cfg.rollout.exact:  # log mu by the recompute's own row-wise program (sampling/exact.py)
+        self.engine = ExactEngine(self.engine, sampler, impl=self.cfg.kernels.impl, chunk=self.cfg.micro_batch_size)
     return self.engine
 
   def make_updater(self, state: TrainState) -> Updater:

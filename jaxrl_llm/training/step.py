@@ -221,7 +221,7 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
   zeros = np.zeros((B, R), np.float32)
   spec = RecomputeSpec(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
                        chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding, prompt_group=cfg.prompt_group,
-                       always_share=cfg.train.share_prompt == "on", pack=ctx.pack)
+                       always_share=cfg.train.share_prompt == "on", pack=ctx.pack, rowwise=cfg.rollout.exact)
   if cfg.prompt_group > 1:
     check_shared_prompts(samples.prompt_BP, samples.prompt_mask_BP, cfg.prompt_group)
   prox_logp, values = zeros, zeros

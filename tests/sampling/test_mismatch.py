@@ -161,7 +161,7 @@ def test_rollout_config_validates_the_mismatch_keys():
 
   base = dict(engine="builtin", prompts_per_step=2, group_size=2, max_response_len=4, temperature=1.0, top_k=0,
               top_p=1.0, sampler_dtype="float32", sampler_sharding="fsdp", staleness=0, overlap=False,
-              record_topk=0, continuous_slots=0, decode_chunk=16)
+              record_topk=0, continuous_slots=0, decode_chunk=16, exact=False)
   ok = RolloutConfig(**base, mismatch=mm.SamplerMismatch(quant="int4", quant_group=16, noise=0.01, noise_seed=3))
   assert ok.mismatch.active and ok.mismatched and not RolloutConfig(**base).mismatched
   assert RolloutConfig(**dict(base, staleness=1)).mismatched

@@ -294,7 +294,7 @@ def test_what_the_server_cannot_express_is_an_error(kw, match):
 def _rollout(**kw) -> RolloutConfig:
   base = dict(engine="openai", prompts_per_step=2, group_size=2, max_response_len=4, temperature=1.0, top_k=0,
               top_p=1.0, sampler_dtype="float32", sampler_sharding="fsdp", staleness=0, overlap=False,
-              record_topk=0, continuous_slots=0, decode_chunk=16)
+              record_topk=0, continuous_slots=0, decode_chunk=16, exact=False)
   server_kw = {k: kw.pop(k) for k in list(kw) if k in ServerConfig.__dataclass_fields__}
   return RolloutConfig(**{**base, **kw}, server=ServerConfig(**server_kw))
 
