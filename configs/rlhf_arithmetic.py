@@ -23,6 +23,9 @@ def get_config():
   c.data.reward_norm = "running"  # the reward model's scale is arbitrary (Bradley-Terry sees differences only)
   # InstructGPT's KL to the warm-started policy inside the reward: R - beta * sum_t (log pi - log pi_ref).
   c.objective.kl_coef, c.objective.kl_placement, c.objective.kl_estimator = 0.05, "reward", "k1"
+  # The RL-side knobs, off here (docs/objectives.md, (7.3a) and (7.3b)): objective.kl_target (beta adapted to
+  # a KL target, Ziegler et al.), data.reward_clip, data.missing_eos_penalty, and an ensemble
+  # (data.reward_model="DIR1,DIR2" with data.reward_model_uncertainty_k).
   # The reward model was trained on these problems' shape (configs/reward_model.py's data.digits, digits2, ops).
   c.task.digits, c.task.digits2, c.task.ops = 2, 1, "+"
   c.train.steps = 40

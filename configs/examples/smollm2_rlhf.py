@@ -25,5 +25,8 @@ def get_config():
   c.data.reward_model = "runs/rm_smollm2"  # the reward model's --workdir
   c.data.reward_norm = "running"
   c.objective.kl_coef, c.objective.kl_placement, c.objective.kl_estimator = 0.05, "reward", "k1"
+  # The RL-side knobs, off here (docs/objectives.md, (7.3a) and (7.3b)): objective.kl_target (beta adapted to
+  # a KL target, Ziegler et al.), data.reward_clip, data.missing_eos_penalty, and an ensemble
+  # (data.reward_model="DIR1,DIR2" with data.reward_model_uncertainty_k).
   c.eval.every = 5
   return c

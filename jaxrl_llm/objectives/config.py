@@ -91,6 +91,8 @@ class ObjectiveConfig:
   kl_coef: float = 0.0  # beta; 0 disables (no reference model needed)
   kl_estimator: str = "k3"
   kl_placement: str = "loss"  # loss: + beta k(pi_theta, pi_ref) per token; reward: R - beta sum k1
+  kl_target: float = 0.0  # adaptive beta (objectives/kl_control.py, Ziegler et al. 2019): the target KL, nats per answer; 0: kl_coef fixed
+  kl_horizon: float = 10000.0  # adaptive beta's horizon in samples: K_beta = samples per step / kl_horizon
   entropy_coef: float = 0.0  # loss -= coef * entropy (same lambda)
   # --- value function (PPO with GAE) ---
   value_clip: float | None = None  # clipped value loss range around V_old
@@ -130,6 +132,14 @@ class ObjectiveConfig:
     if self.advantage == "grpo_process" and self.kl_coef > 0 and self.kl_placement == "reward":
       raise bad("ObjectiveConfig.kl_placement", "reward", "advantage='grpo_process' normalises step rewards, "
                 "where a sequence's KL has no step: use kl_placement='loss'")
+    if isinstance(self.kl_target, bool) or not isinstance(self.kl_target, (int, float)) \
+        or not math.isfinite(self.kl_target) or self.kl_target < 0:
+      raise bad("ObjectiveConfig.kl_target", self.kl_target, "must be a finite number >= 0 (0: kl_coef fixed)")
+    _positive("kl_horizon", self.kl_horizon)
+    if self.kl_target > 0 and (self.kl_coef <= 0 or self.kl_placement != "reward"):
+      raise bad("ObjectiveConfig.kl_target", self.kl_target, "the adaptive coefficient (Ziegler et al.) moves the KL "
+                f"in the reward: needs kl_coef > 0 (its start) and kl_placement='reward' (kl_coef={self.kl_coef}, "
+                f"kl_placement={self.kl_placement!r}), or kl_target=0")
     _positive("dppo_cap", self.dppo_cap, allow_none=True)
     _positive("trm_max_delta", self.trm_max_delta, allow_none=True)
     _positive("trm_mean_delta", self.trm_mean_delta, allow_none=True)

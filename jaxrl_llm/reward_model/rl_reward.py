@@ -6,15 +6,36 @@ InstructGPT (Ouyang et al. 2022, eq. 2) trains the policy on
 
 with the KL to the supervised model inside the reward. Here, per sample i,
 
-    R_i = w_rm * norm(r_i) + w_v * v_i + s_i                        (`mixed_reward`)
+    R_i = w_rm * clip_c(norm(r_i)) + w_v * v_i + s_i - p * [i cut without EOS]     (`mixed_reward`)
 
 r_i the reward model's score (scorer.py, on the device: training/model_reward.py), v_i the task's verifier reward (format bonus included),
 s_i the soft overlong penalty (training/score.py, kept whatever the weights); w_rm and w_v are
-data.reward_model_weight and data.verifier_weight. InstructGPT's KL term is the objective's
-`kl_placement="reward"` with `kl_estimator="k1"` (objectives/kl.py `fold_kl_into_rewards`), applied
-to R_i before the advantages:
+data.reward_model_weight and data.verifier_weight. The order is: score (an ensemble's combined
+score), normalise, clip, weigh and add. clip_c (data.reward_clip = c > 0, `clip_reward`) bounds
+the normalised score to [-c, c], so a score far outside what the reward model saw in training
+moves the policy no more than c (in units of the score's std with a normalisation). p is
+data.missing_eos_penalty (TRL's `missing_eos_penalty`): a sample cut at its length limit without
+EOS (`RolloutBatch.truncated_B`) loses p whatever it scored (`missing_eos_shaping`, a term of the
+reward outside the clip, also with the verifier's reward alone: training/eos_penalty.py).
+
+An ensemble (data.reward_model "a,b,...", M >= 2 reward models) scores each sample with every member
+and combines them before the normalisation (`ensemble_reward`):
+
+    r_i = mean_m r_mi - k * std_m r_mi,      std over the M members with ddof 0 (population)
+
+k = data.reward_model_uncertainty_k (0: the plain mean). The std is the members' disagreement, an
+uncertainty estimate; subtracting it lowers the reward where the members disagree, where the policy
+is likely exploiting one model's error (Coste et al. 2023, "Reward Model Ensembles Help Mitigate
+Overoptimization": their uncertainty-weighted optimisation subtracts the variance; the std used
+here is in the score's own units, so k does not depend on the score's scale). The members' scores
+are combined raw: train them on the same pairs (different seeds or data orders) so their scales agree.
+
+InstructGPT's KL term is the objective's `kl_placement="reward"` with `kl_estimator="k1"`
+(objectives/kl.py `fold_kl_into_rewards`), applied to R_i before the advantages:
 
     R_i - beta * sum_t mask_it * (log pi_prox(y_it) - log pi_ref(y_it)),   beta = objective.kl_coef
+
+or, with objective.kl_target > 0, Ziegler et al.'s adaptive beta_t (objectives/kl_control.py).
 
 pi_prox the policy as the step's updates begin (the sampler, on-policy; InstructGPT's pi_RL) and
 pi_ref the frozen warm-started model (pi_SFT).
@@ -82,3 +103,20 @@ def mixed_reward(model_B: np.ndarray, verifier_B: np.ndarray, shaping_B: np.ndar
   out = (w_rm * np.asarray(model_B, np.float64) + w_v * np.asarray(verifier_B, np.float64)
          + np.asarray(shaping_B, np.float64))
   return out.astype(np.float32)
+
+
+def ensemble_reward(r_MB: np.ndarray, k: float) -> np.ndarray:
+  """r_B = mean_m r_MB - k * std_m r_MB over the M members (axis 0), population std (ddof 0)."""
+  r = np.asarray(r_MB, np.float64)
+  return (r.mean(axis=0) - k * r.std(axis=0, ddof=0)).astype(np.float32)
+
+
+def clip_reward(x_B: np.ndarray, c: float) -> np.ndarray:
+  """clip(x, -c, c) for c > 0; x itself for c = 0 (off)."""
+  x = np.asarray(x_B, np.float32)
+  return np.clip(x, -c, c).astype(np.float32) if c > 0 else x
+
+
+def missing_eos_shaping(truncated_B: np.ndarray, penalty: float) -> np.ndarray:
+  """-penalty on each sample cut at its length limit without EOS, 0 elsewhere (f32 [B])."""
+  return np.where(np.asarray(truncated_B, bool), -float(penalty), 0.0).astype(np.float32)

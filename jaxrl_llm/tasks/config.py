@@ -43,6 +43,11 @@ class TaskConfig:
       raise bad("config.task.ops", self.ops, "a non-empty subset of '+-*'")
 
 
+def reward_model_paths(value: str) -> tuple[str, ...]:
+  """The workdirs of data.reward_model: comma-separated, surrounding spaces dropped; () for ""."""
+  return tuple(p.strip() for p in value.split(",")) if value else ()
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   path: str
@@ -56,22 +61,47 @@ class DataConfig:
   reward_workers: int
   max_prompt_len: int
   chat_template: bool
-  reward_model: str  # data.reward=model: the reward model's workdir (training/model_reward.py)
+  reward_model: str  # data.reward=model: the reward model's workdir, or several comma-separated (an ensemble)
   reward_model_weight: float
   verifier_weight: float
   reward_norm: str
   process_reduce: str
+  reward_model_uncertainty_k: float  # an ensemble's reward mean - k * std over its members (rl_reward.py)
+  reward_clip: float  # c > 0: the normalised reward model's reward clipped to [-c, c]; 0: off
+  missing_eos_penalty: float  # subtracted from the reward of a sample cut without EOS; 0: off
+
+  @property
+  def reward_models(self) -> tuple[str, ...]:
+    """data.reward_model's workdirs: one, or an ensemble's members (comma-separated)."""
+    return reward_model_paths(self.reward_model)
 
   def __post_init__(self):
     if not isinstance(self.tag_key, str):
       raise bad("config.data.tag_key", self.tag_key, "a row key (str); empty: every row is tagged 'file'")
     check_choice("config.data.reward", self.reward, registry.reward_names() + (MODEL_REWARD,))
+    if isinstance(self.reward_model, (list, tuple)) and all(isinstance(p, str) for p in self.reward_model):
+      object.__setattr__(self, "reward_model", ",".join(self.reward_model))  # an ensemble given as a list
     if not isinstance(self.reward_model, str):
-      raise bad("config.data.reward_model", self.reward_model, "a reward model's workdir (str)")
+      raise bad("config.data.reward_model", self.reward_model, "a reward model's workdir (str), or several "
+                "comma-separated")
     if (self.reward == MODEL_REWARD) != bool(self.reward_model):
       raise bad("config.data.reward_model", self.reward_model,
                 f"a reward model's workdir exactly when config.data.reward={MODEL_REWARD!r} "
                 f"(config.data.reward={self.reward!r})")
+    paths = reward_model_paths(self.reward_model)
+    if "" in paths or len(set(paths)) != len(paths):
+      raise bad("config.data.reward_model", self.reward_model, "one reward model's workdir, or several distinct "
+                "ones separated by commas (an ensemble), none empty")
+    check_float("config.data.reward_model_uncertainty_k", self.reward_model_uncertainty_k, 0.0, 100.0)
+    if self.reward_model_uncertainty_k > 0 and len(paths) < 2:
+      raise bad("config.data.reward_model_uncertainty_k", self.reward_model_uncertainty_k,
+                f"an ensemble's mean - k * std needs two or more reward models in config.data.reward_model "
+                f"(got {len(paths) if self.reward_model else 0}); allowed 0 with one")
+    check_float("config.data.reward_clip", self.reward_clip, 0.0, 1e6)
+    if self.reward_clip > 0 and self.reward != MODEL_REWARD:
+      raise bad("config.data.reward_clip", self.reward_clip, f"clips the reward model's reward: needs "
+                f"config.data.reward={MODEL_REWARD!r} (config.data.reward={self.reward!r}); allowed 0 without")
+    check_float("config.data.missing_eos_penalty", self.missing_eos_penalty, 0.0, 100.0)
     check_float("config.data.reward_model_weight", self.reward_model_weight, 0.0, 100.0)
     check_float("config.data.verifier_weight", self.verifier_weight, 0.0, 100.0)
     check_choice("config.data.reward_norm", self.reward_norm, REWARD_NORMS)

@@ -275,6 +275,10 @@ class RunConfig:
       what = "env.max_tokens" if self.env.active else "rollout.max_response_len"
       raise bad("config.filters.overlong_buffer", self.filters.overlong_buffer,
                 f"must be < {what}={self.response_len}")
+    if obj.kl_target > 0 and obj.kl_horizon < ro.batch_size:
+      raise bad("config.objective.kl_horizon", obj.kl_horizon, f"must be >= the step's {ro.batch_size} samples "
+                "(rollout.batch_size): the adaptive KL's K_beta = samples / kl_horizon must be <= 1 so that beta "
+                "stays > 0 (objectives/kl_control.py)")
     if obj.needs_centering and ro.record_topk < 1:
       raise bad("config.rollout.record_topk", ro.record_topk,
                 "Score Centering (objective.kappa=1) needs the sampler's top-k log-probs: set it >= 1")

@@ -90,11 +90,14 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.data.answer_key = "answer"  # row key of the reference answer given to the verifier
   c.data.tag_key = ""  # row key of the task tag (teacher.route_by_tag); "": every row is tagged "file"
   c.data.reward = "auto"  # auto (the task's own) or a reward of tasks/registry.py: arithmetic | countdown | math_verify; model: the reward model data.reward_model (the task's own verifier stays the gold accuracy)
-  c.data.reward_model = ""  # data.reward=model: a reward model's workdir (python -m jaxrl_llm.reward_model), newest step; "": none
+  c.data.reward_model = ""  # data.reward=model: a reward model's workdir (python -m jaxrl_llm.reward_model), newest step, or several comma-separated (an ensemble); "": none
   c.data.reward_model_weight = 1.0  # data.reward=model: w_rm in R = w_rm * norm(r_rm) + w_v * r_verifier (reward_model/rl_reward.py; InstructGPT's KL in the reward: objective.kl_placement=reward)
   c.data.verifier_weight = 0.0  # data.reward=model: w_v, the verifier's (task's own) reward mixed in; 0: the reward model alone
   c.data.reward_norm = "none"  # data.reward=model: norm(r_rm): none | running (mean/std of every score so far, checkpointed) | group (mean/std of the prompt's G samples)
   c.data.process_reduce = "min"  # data.reward=model with a process reward model: a solution's r_rm from its steps' P(good): min (Math-Shepherd) | prod (Lightman et al.); each step's own P(good) is its reward under objective.advantage=grpo_process
+  c.data.reward_model_uncertainty_k = 0.0  # data.reward=model with several reward models (data.reward_model="a,b,..."): r_rm = mean - k * std over the members (population std, ddof 0); 0: their mean
+  c.data.reward_clip = 0.0  # data.reward=model: c > 0 clips norm(r_rm) to [-c, c] (after data.reward_norm, before the weights); 0: off
+  c.data.missing_eos_penalty = 0.0  # subtracted from the reward of a sample cut at its length limit without EOS (TRL's missing_eos_penalty; any data.reward); 0: off
   c.data.format_weight = 0.0  # reward bonus for a well-formed final answer (0 disables)
   c.data.reward_timeout_s = 5.0  # seconds one reward call may take; past it: reward 0, counted
   c.data.reward_workers = 0  # reward worker processes; 0 scores in the trainer process

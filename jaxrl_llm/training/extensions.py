@@ -13,12 +13,15 @@ from typing import Any
 
 from jaxrl_llm.extension import Extension
 from jaxrl_llm.teacher.extension import TeacherExtension
-from jaxrl_llm.training import model_reward
+from jaxrl_llm.training import eos_penalty, kl_controller, model_reward
 
 # (section, enabled(section) -> bool, factory(section) -> Extension)
 CONFIG_EXTENSIONS: tuple[tuple[str, Callable[[Any], bool], Callable[[Any], Extension]], ...] = (
     ("teacher", lambda section: section.enabled, TeacherExtension),
     ("data", model_reward.enabled, model_reward.RewardModelExtension),  # data.reward=model
+    # After the reward model's: the penalty is a term of the final reward, whatever scored it.
+    ("data", eos_penalty.enabled, eos_penalty.MissingEosPenalty),  # data.missing_eos_penalty > 0
+    ("objective", kl_controller.enabled, kl_controller.KLController),  # objective.kl_target > 0
 )
 
 

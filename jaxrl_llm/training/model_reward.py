@@ -1,12 +1,15 @@
 """A trained reward model as the RL reward (`data.reward=model`), joined to the loop as an extension.
 
-    preflight      data.reward_model is a reward model's workdir: a checkpoint with a score head
-    setup          its trunk and head on the run's mesh (params sharded as the policy's are)
+    preflight      data.reward_model is a reward model's workdir: a checkpoint with a score head (or
+                   several, comma-separated: an ensemble of outcome reward models)
+    setup          its trunk and head on the run's mesh (params sharded as the policy's are), each
+                   member's for an ensemble
     score_rewards  each round of samples scored on the device in micro-batch chunks with the run's
                    batch sharding (prompt + response tokens, as sampled: no text round trip, and
                    the hidden states stay on the device; only r_B comes to the host), then the
-                   reward of reward_model/rl_reward.py (normalised, mixed with the verifier's; the KL to
-                   pi_ref in the reward is the objective's kl_placement=reward)
+                   reward of reward_model/rl_reward.py (an ensemble's mean - k std, normalised, clipped,
+                   mixed with the verifier's; the KL to pi_ref in the reward is the objective's
+                   kl_placement=reward)
     checkpoint_trees  the running moments of data.reward_norm=running (exact resume)
 
 A process reward model (a reward model trained with objective="process", reward_model/process.py)
@@ -96,11 +99,19 @@ class RewardModelExtension(Extension):
     self.cfg = data_cfg  # tasks.config.DataConfig
     self.moments = rl_reward.Moments()
     self.params = self.head = self.rm_cfg = None
+    self.members = []
     self.kind = {"objective": "bradley_terry", "step_separator": "\n"}
 
   def preflight(self, run_cfg) -> None:
-    check_reward_model_dir(run_cfg.data.reward_model)
-    self.kind = reward_model_kind(run_cfg.data.reward_model)
+    paths = run_cfg.data.reward_models
+    for path in paths:
+      check_reward_model_dir(path)
+    self.kind = reward_model_kind(paths[0])
+    if len(paths) > 1:
+      kinds = [reward_model_kind(p)["objective"] for p in paths]
+      if any(k != "bradley_terry" for k in kinds):
+        raise ConfigError(f"{FIELD}={run_cfg.data.reward_model!r}: an ensemble combines outcome reward models' "
+                          f"scores; its members' objectives are {kinds} (allowed: bradley_terry for each)")
     if self.process and run_cfg.env.name != NO_ENV:
       raise ConfigError(f"{FIELD}={run_cfg.data.reward_model!r} is a process reward model, which scores the steps "
                         f"of single-turn responses: env.name={run_cfg.env.name!r} is not allowed with it "
@@ -112,27 +123,42 @@ class RewardModelExtension(Extension):
 
   def setup(self, env: SetupEnv, params):
     self.run_cfg, self.model_cfg = env.run_cfg, env.model_cfg
-    self.kind = reward_model_kind(self.cfg.reward_model)
+    self.kind = reward_model_kind(self.cfg.reward_models[0])
     self.tokenizer = env.tokenizer
-    self.params, self.head, self.rm_cfg = load_reward_model(self.cfg.reward_model, env.mesh)
-    if self.rm_cfg.vocab_size < env.tokenizer.vocab_size:
-      raise ConfigError(f"{FIELD}={self.cfg.reward_model!r}: its vocabulary ({self.rm_cfg.vocab_size}) is smaller "
-                        f"than the policy's tokenizer's ({env.tokenizer.vocab_size}); it must read the same tokens")
+    self.members = []  # (params, head, model config) of each reward model, in data.reward_model's order
+    for path in self.cfg.reward_models:
+      params_m, head_m, cfg_m = load_reward_model(path, env.mesh)
+      if cfg_m.vocab_size < env.tokenizer.vocab_size:
+        raise ConfigError(f"{FIELD}={path!r}: its vocabulary ({cfg_m.vocab_size}) is smaller than the policy's "
+                          f"tokenizer's ({env.tokenizer.vocab_size}); it must read the same tokens")
+      self.members.append((params_m, head_m, cfg_m))
+      env.log(f"reward model: {path} (d_model {cfg_m.d_model}, {cfg_m.n_layers} layers)")
+    self.params, self.head, self.rm_cfg = self.members[0]
     self.batch_sharding = sharding_lib.batch_sharding(env.mesh, ndim=1)
     self.replicated = sharding_lib.replicated(env.mesh)
-    env.log(f"reward model: {self.cfg.reward_model} (d_model {self.rm_cfg.d_model}, {self.rm_cfg.n_layers} layers)")
     return params
 
   # ---- the score -------------------------------------------------------------------
-  def model_scores(self, samples, per_token: bool = False) -> np.ndarray:
-    """r_B (host f32) of `samples`, micro-batch rows at a time on the mesh; `per_token`: s_BR."""
+  def member_scores(self, samples, member: int = 0, per_token: bool = False) -> np.ndarray:
+    """r_B (host f32) of `samples` by reward model `member`, micro-batch rows at a time on the mesh;
+    `per_token`: s_BR."""
+    params, head, rm_cfg = self.members[member]
     chunk = self.run_cfg.micro_batch_size
     arrays = (samples.prompt_BP, samples.prompt_mask_BP, samples.tokens_BR, samples.context_BR)
     outs = []
     for s in range(0, samples.tokens_BR.shape[0], chunk):
       args = sharding_lib.put(tuple(np.asarray(a[s:s + chunk]) for a in arrays), self.batch_sharding)
-      outs.append(_score_chunk(self.params, self.head, *args, model_cfg=self.rm_cfg, per_token=per_token))
+      outs.append(_score_chunk(params, head, *args, model_cfg=rm_cfg, per_token=per_token))
     return np.asarray(sharding_lib.fetch(jnp.concatenate(outs)), np.float32)
+
+  def model_scores(self, samples, per_token: bool = False) -> np.ndarray:
+    """r_B (host f32) of `samples`: the reward model's score, or an ensemble's mean - k * std over its
+    members (rl_reward.ensemble_reward); `per_token` (a process reward model, one member): s_BR."""
+    if len(self.members) == 1:
+      return self.member_scores(samples, 0, per_token)
+    r_MB = np.stack([self.member_scores(samples, m) for m in range(len(self.members))])
+    self.last_member_std_B = r_MB.std(axis=0)
+    return rl_reward.ensemble_reward(r_MB, self.cfg.reward_model_uncertainty_k)
 
   def step_scores(self, samples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(p_BR, step_end_BR, solution_B) of a process reward model: P(step good) at each step end (0
@@ -162,6 +188,7 @@ class RewardModelExtension(Extension):
       normed_B = rl_reward.group_normalise(model_B, self.run_cfg.rollout.group_size)
     else:
       normed_B = model_B
+    normed_B = rl_reward.clip_reward(normed_B, c.reward_clip)
     shaping_B = soft_overlong_penalty(samples.length_B, policy_budget(samples, self.run_cfg.response_len),
                                       f.overlong_buffer, f.overlong_penalty)  # as score() shaped it
     verifier_B = scores.reward_B - shaping_B
@@ -170,6 +197,10 @@ class RewardModelExtension(Extension):
     got = samples.sampled_B if samples.sampled_B.any() else np.ones_like(samples.sampled_B)
     stats = {"reward/model_mean": float(model_B[got].mean()), "reward/model_std": float(model_B[got].std()),
              "reward/verifier_mean": float(verifier_B[got].mean())}
+    if len(self.members) > 1:  # the members' disagreement, the ensemble's uncertainty
+      stats["reward/model_ensemble_std"] = float(self.last_member_std_B[got].mean())
+    if c.reward_clip > 0:
+      stats["reward/model_clipped_frac"] = float((np.abs(normed_B[got]) >= c.reward_clip).mean())
     if not self.process:
       return dataclasses.replace(scores, reward_B=reward_B), stats
     # Step k's reward w_rm * p_k where it ends; the verifier's part and the shaping at the last step end
@@ -203,7 +234,9 @@ class RewardModelExtension(Extension):
 
   def summary(self) -> dict:
     out = {"reward_model": self.cfg.reward_model, "reward_norm": self.cfg.reward_norm,
-           "reward_model_objective": self.kind["objective"]}
+           "reward_model_objective": self.kind["objective"], "reward_clip": self.cfg.reward_clip}
+    if len(self.cfg.reward_models) > 1:
+      out["reward_model_uncertainty_k"] = self.cfg.reward_model_uncertainty_k
     if self.process:
       out["process_reduce"] = self.cfg.process_reduce
     return out

@@ -25,6 +25,7 @@ from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.mismatch import mismatch_metrics
 from jaxrl_llm.training import dump as dump_lib
+from jaxrl_llm.training import kl_controller
 from jaxrl_llm.training.batch import TrainBatch
 from jaxrl_llm.training.context import StepContext, snapshot
 from jaxrl_llm.training.episodes import episode_metrics
@@ -242,6 +243,9 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
     placed = ((scores.step_reward_BR, scores.step_end_BR) if scores.step_reward_BR is not None
               else step_rewards(samples, scores.reward_B, cfg.data.format_weight))
     steps = dict(zip(("step_reward_BR", "step_end_BR"), placed))
+  kl_ctl = kl_controller.find(ctx.extensions)  # objective.kl_target > 0: this step's adaptive beta
+  if kl_ctl is not None:
+    obj = kl_ctl.objective(obj)
   adv_BR, returns_BR = obj_lib.batch_advantages(scores.reward_B, keep_B, mask_BR, obj, cfg.rollout.group_size,
                                                 prox_logp_BR=prox_logp, ref_logp_BR=ref_logp, values_BR=values,
                                                 **steps)
@@ -249,6 +253,8 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
   if faults.point("advantage"):
     adv_BR = adv_BR * np.nan
   stats = {"time/recompute_s": t1 - t0, "time/advantage_s": time.time() - t1}
+  if kl_ctl is not None:  # KL_t of this step's samples sets beta_{t+1}
+    stats.update(kl_ctl.observe(prox_logp, ref_logp, samples.mask_BR))
   if need_prox:  # log c = log pi_prox - log mu over every sampled token (sampling/mismatch.py)
     stats.update(mismatch_metrics(prox_logp, sharding_lib.fetch(samples.behav_logp_BR), samples.mask_BR))
   extra_BR = {}
