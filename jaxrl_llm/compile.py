@@ -64,7 +64,8 @@ def _base_model_config(cfg, model: str, tokenizer):
 
   m = cfg.model
   numerics = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
-                  remat=m.remat if m.remat != "auto" else "full")  # a real model: "auto" is "full"
+                  remat=m.remat if m.remat != "auto" else "full",  # a real model: "auto" is "full"
+                  attention_impl=m.attention_impl)
   if model in MODEL_PRESETS:
     return ModelConfig.preset(model, **numerics)
   path = model or m.hf_path

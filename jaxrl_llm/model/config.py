@@ -22,6 +22,8 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 # Activation of the gated MLP: SwiGLU (silu) or GeGLU with tanh-GELU
 # (Hugging Face's "gelu_pytorch_tanh").
 MLP_ACTS = ("silu", "gelu_tanh")
+# The attention of a forward without a KV cache (model/splash.py): auto picks splash on a TPU target.
+ATTENTION_IMPLS = ("auto", "xla", "splash")
 # The projections LoRA can adapt (model/lora.py), by the names PEFT's target_modules use for Llama.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 # How LoRA's frozen base may be held (QLoRA): "none" as the params' dtype; int8 per output channel;
@@ -172,6 +174,10 @@ class ModelConfig:
     lora: None, or the low-rank adapters on the projections (LoraConfig with
       rank >= 1; model/lora.py): the params then hold them beside the frozen
       base, the forward adds them, and only they train.
+    attention_impl: the attention of a forward without a KV cache (the
+      trainer's passes): "xla" (the dense reference), "splash" (jax's Pallas
+      TPU splash attention kernel, model/splash.py) or "auto" (splash on a TPU
+      target, else xla). Decoding always runs the XLA path.
   """
 
   vocab_size: int
@@ -203,6 +209,7 @@ class ModelConfig:
   query_pre_attn_scalar: int | None = None
   attn_softcap: float | None = None
   lora: LoraConfig | None = None
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -229,6 +236,7 @@ class ModelConfig:
     check_choice("ModelConfig.remat", self.remat, REMAT_POLICIES)
     check_choice("ModelConfig.family", self.family, FAMILIES)
     check_choice("ModelConfig.mlp_act", self.mlp_act, MLP_ACTS)
+    check_choice("ModelConfig.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     if self.query_pre_attn_scalar is not None:
       check_int("ModelConfig.query_pre_attn_scalar", self.query_pre_attn_scalar, 1)
     if self.attn_softcap is not None:
@@ -428,6 +436,7 @@ class ModelSpec:
   compute_dtype: str
   remat: str
   vocab_multiple: int
+  attention_impl: str  # ModelConfig.attention_impl: auto | xla | splash (model/splash.py)
   lora: LoraConfig = LoraConfig()  # model/lora.py; rank 0: the full model trains
 
   def __post_init__(self):
@@ -440,6 +449,7 @@ class ModelSpec:
     check_choice("config.model.param_dtype", self.param_dtype, DTYPES)
     check_choice("config.model.compute_dtype", self.compute_dtype, DTYPES)
     check_choice("config.model.remat", self.remat, REMAT_POLICIES + ("auto",))
+    check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
 
   @property
   def remat_policy(self) -> str:
@@ -457,5 +467,6 @@ class ModelSpec:
     vocab_size = -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
     return ModelConfig.tiny(vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
                             n_kv_heads=self.n_kv_heads, head_dim=self.d_model // self.n_heads, d_ff=self.d_ff,
-                            param_dtype=self.param_dtype, compute_dtype=self.compute_dtype, remat=self.remat_policy)
+                            param_dtype=self.param_dtype, compute_dtype=self.compute_dtype, remat=self.remat_policy,
+                            attention_impl=self.attention_impl)
 

@@ -128,7 +128,7 @@ def response_hidden(params, model_cfg, prompt_BP, prompt_mask_BP, response_BR, r
   if packing is not None:
     tokens_nS, mask_nS = gather_inputs(packing, prompt_BP, prompt_mask_BP, response_BR, response_mask_BR)
     hidden_nSD, _ = model_lib.forward(params, model_cfg, tokens_nS, packing.positions_nS, mask_nS,
-                                      segments_BT=packing.segments_nS)
+                                      segments_BT=packing.segments_nS, documents_only=packing.group == 1)
     return jnp.take(hidden_nSD.reshape(-1, hidden_nSD.shape[-1]), packing.dst_BR, axis=0)
   if prompt_group > 1 and (always_share or shared_prompt_pays(model_cfg, P, R, prompt_group, prompt_BP.shape[0])):
     G = prompt_group

@@ -48,6 +48,9 @@ class Packing:
   positions_nS: jax.Array  # int32 [n, S]: its RoPE position (the one it has in its padded row)
   segments_nS: jax.Array  # int32 [n, S]: segment_id(document, part); 0 for an empty slot
   dst_BR: jax.Array  # int32 [B, R]: the buffer slot (flattened over the chunk's n_c x S) predicting token t
+  # rows per unit (static): 1 makes every document one part (no shared prompt), so the forward may
+  # run the splash attention kernel on it (model/splash.py, forward's documents_only)
+  group: int = struct.field(pytree_node=False, default=1)
 
   @property
   def length(self) -> int:
@@ -163,7 +166,7 @@ def pack_rows(prompt_mask_BP: np.ndarray, attend_BR: np.ndarray, *, group: int, 
         resp = int(buffer_U[u]) * S + at + t_R - 1
         dst_BR[b] = np.where(t_R == 0, last_prompt, np.where(t_R <= e, resp, 0))
         at += e
-  return Packing(src_nS=src, positions_nS=positions, segments_nS=segments, dst_BR=dst_BR)
+  return Packing(src_nS=src, positions_nS=positions, segments_nS=segments, dst_BR=dst_BR, group=group)
 
 
 def gather_inputs(packing: Packing, prompt_BP, prompt_mask_BP, response_BR, attend_BR):

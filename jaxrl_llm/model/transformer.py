@@ -42,6 +42,7 @@ from flax import nnx
 from jaxrl_llm.model import layers as nn
 from jaxrl_llm.model import lora
 from jaxrl_llm.model import params as params_lib
+from jaxrl_llm.model import splash as splash_lib
 from jaxrl_llm.model.cache import KVCache
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.sharding import constrain
@@ -78,14 +79,10 @@ def _qkv(cfg: ModelConfig, x_BTD, p, cos_BTH, sin_BTH, constrain=_keep):
           v_BTKH)
 
 
-def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS, constrain=_keep):
-  """The rest of one pre-norm block, given the keys and values to attend over
-  (with cfg.sandwich_norm, each branch's output is normalised again before
-  the residual add)."""
-  dt = cfg.compute_jnp_dtype
+def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, attn_BTNH, constrain=_keep):
+  """The rest of one pre-norm block, given the attention's output (with cfg.sandwich_norm, each
+  branch's output is normalised again before the residual add)."""
   plus_one = cfg.norm_plus_one
-  attn_BTNH = nn.attention(q_BTNH, k_BKHS.astype(dt), v_BKSH.astype(dt), allowed_BTS,
-                           scale=cfg.attn_scale, softcap=cfg.attn_softcap)
   out_BTD = lora.project(cfg, "BTNH,NHD->BTD", attn_BTNH, p, "wo_NHD")
   if cfg.sandwich_norm:
     out_BTD = nn.rms_norm(out_BTD, p["attn_post_norm_D"], cfg.norm_eps, plus_one)
@@ -97,6 +94,22 @@ def _attend_and_mlp(cfg: ModelConfig, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_
   if cfg.sandwich_norm:
     out_BTD = nn.rms_norm(out_BTD, p["mlp_post_norm_D"], cfg.norm_eps, plus_one)
   return constrain(x_BTD + out_BTD, _ROWS)
+
+
+def _splash(cfg: ModelConfig, q_BTNH, k_BTKH, v_BTKH, inputs: "_CallInputs", local):
+  """The block's attention through the splash kernel (model/splash.py): the global or the local
+  layer's kernel, chosen by `local` (see _pick; a traced flag runs one of the two by lax.cond)."""
+  dt = cfg.compute_jnp_dtype
+
+  def run(window):
+    return splash_lib.splash_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), inputs.mask_BT,
+                                       inputs.segments_BT, window=window, scale=cfg.attn_scale,
+                                       softcap=cfg.attn_softcap)
+  if not cfg.has_local_layers or (isinstance(local, bool) and not local):
+    return run(None)
+  if isinstance(local, bool):
+    return run(cfg.sliding_window)
+  return jax.lax.cond(local, lambda: run(cfg.sliding_window), lambda: run(None))
 
 
 def _cast_layer(cfg: ModelConfig, layer_params: dict) -> dict:
@@ -201,12 +214,16 @@ def _layers_scanned(cfg: ModelConfig, block, x_BTD, layers, cache: KVCache | Non
 @dataclasses.dataclass(frozen=True)
 class _CallInputs:
   """What every block of one forward call shares: the RoPE tables, the masks, the activations'
-  layout (model.sharding.constrain, or none for a decode step)."""
+  layout (model.sharding.constrain, or none for a decode step), and which attention runs ("xla"
+  over vis's dense masks, or "splash" over mask_BT and segments_BT, model/splash.py)."""
 
   rope_global: tuple
   rope_local: tuple
   vis: Visibility
   layout: object
+  attention: str = "xla"
+  mask_BT: jax.Array | None = None  # bool [B, T]: the real tokens (splash)
+  segments_BT: jax.Array | None = None  # int32 [B, T]: whole documents (splash), or None
 
 
 def _variable(name: str, spec: params_lib.ParamSpec, value, *, sliced: bool = False) -> nnx.Variable:
@@ -250,17 +267,23 @@ class DecoderLayers(nnx.Module):
     With a cache layer (k_BKHS, v_BKSH) the T new slots are written first (in place in a
     donated or loop-carried buffer); without one the block's own keys and values come back."""
     cfg = self.cfg
+    dt = cfg.compute_jnp_dtype
     p = _cast_layer(cfg, self.weights())
     cos_BTH, sin_BTH = _pick(local, inputs.rope_local, inputs.rope_global)
-    allowed_BTS = _pick(local, inputs.vis.allowed_local_BTS, inputs.vis.allowed_global_BTS)
     q_BTNH, k_BTKH, v_BTKH = _qkv(cfg, x_BTD, p, cos_BTH, sin_BTH, inputs.layout)
+    if inputs.attention == "splash":  # no cache (Decoder.hidden decides)
+      attn_BTNH = _splash(cfg, q_BTNH, k_BTKH, v_BTKH, inputs, local)
+      return _attend_and_mlp(cfg, x_BTD, p, attn_BTNH, inputs.layout), None, None
+    allowed_BTS = _pick(local, inputs.vis.allowed_local_BTS, inputs.vis.allowed_global_BTS)
     if k_BKHS is None:
       k_BKHS, v_BKSH = _bkht(k_BTKH), _bkth(v_BTKH)
     else:
       index = inputs.vis.index
       k_BKHS = jax.lax.dynamic_update_slice(k_BKHS, _bkht(k_BTKH).astype(k_BKHS.dtype), (0, 0, 0, index))
       v_BKSH = jax.lax.dynamic_update_slice(v_BKSH, _bkth(v_BTKH).astype(v_BKSH.dtype), (0, 0, index, 0))
-    x_BTD = _attend_and_mlp(cfg, x_BTD, p, q_BTNH, k_BKHS, v_BKSH, allowed_BTS, inputs.layout)
+    attn_BTNH = nn.attention(q_BTNH, k_BKHS.astype(dt), v_BKSH.astype(dt), allowed_BTS,
+                             scale=cfg.attn_scale, softcap=cfg.attn_softcap)
+    x_BTD = _attend_and_mlp(cfg, x_BTD, p, attn_BTNH, inputs.layout)
     return x_BTD, k_BKHS, v_BKSH
 
 
@@ -320,8 +343,8 @@ class Decoder(nnx.Module):
     return jnp.einsum("BTD,DV->BTV", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
 
   def hidden(self, x_BTD: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
-             cache: KVCache | None = None, segments_BT: jax.Array | None = None
-             ) -> tuple[jax.Array, KVCache | None]:
+             cache: KVCache | None = None, segments_BT: jax.Array | None = None, *,
+             documents_only: bool = False) -> tuple[jax.Array, KVCache | None]:
     """The decoder stack from input embeddings (see `__call__`)."""
     cfg = self.cfg
     B, T, _ = x_BTD.shape
@@ -340,7 +363,13 @@ class Decoder(nnx.Module):
     rope_global = nn.rope_tables(positions_BT, cfg)
     rope_local = nn.rope_tables(positions_BT, cfg, local=True) if cfg.local_rope_differs else rope_global
     vis = visibility(cfg, positions_BT, mask_BT, cache, segments_BT)
-    inputs = _CallInputs(rope_global=rope_global, rope_local=rope_local, vis=vis, layout=layout)
+    # The splash kernel (cfg.attention_impl) runs forwards without a cache whose segments, if any,
+    # are whole documents (model/splash.py); the rest keeps the XLA attention over vis's masks.
+    attention = "xla"
+    if cache is None and (segments_BT is None or documents_only):
+      attention = splash_lib.resolve_attention(cfg.attention_impl)
+    inputs = _CallInputs(rope_global=rope_global, rope_local=rope_local, vis=vis, layout=layout,
+                         attention=attention, mask_BT=mask_BT, segments_BT=segments_BT)
 
     # The loops run a pure function of one layer's state (nnx.merge inside), so that the scan
     # and jax.checkpoint see plain arrays.
@@ -366,21 +395,24 @@ class Decoder(nnx.Module):
     return hidden_BTD, new_cache
 
   def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
-               cache: KVCache | None = None, segments_BT: jax.Array | None = None
-               ) -> tuple[jax.Array, KVCache | None]:
+               cache: KVCache | None = None, segments_BT: jax.Array | None = None, *,
+               documents_only: bool = False) -> tuple[jax.Array, KVCache | None]:
     """Final-norm hidden states hidden_BTD (compute dtype), and the updated cache.
 
     Without a cache, token t attends to valid tokens t' <= t of the same row; with segments_BT
     (int32, no cache; model/visibility.segment_id), only those of its own document in its own part or in part 0,
     a prefix the document's parts share (logprobs.response_hidden's shared prompt: the prompt is
     part 0 and each response a part of its own, so G responses attend to one copy of the prompt;
-    model/packing.py: several such documents in one row).
+    model/packing.py: several such documents in one row). documents_only: the caller's promise
+    that every segment is part 0 of its document (packed single rows), so that the splash kernel
+    (cfg.attention_impl, model/splash.py) can run them; shared-prefix parts keep the XLA attention.
     With a cache, the T tokens go to slots [cache.index, cache.index + T) and
     attend to valid slots <= their own (prefill and decode are the same call).
     The caller sizes the cache: index + T must not exceed its length (checked
     statically only for T; a traced index cannot be checked).
     """
-    return self.hidden(self.embed(tokens_BT), positions_BT, mask_BT, cache, segments_BT)
+    return self.hidden(self.embed(tokens_BT), positions_BT, mask_BT, cache, segments_BT,
+                       documents_only=documents_only)
 
 
 @functools.lru_cache(maxsize=64)
@@ -419,17 +451,19 @@ def logits(params: dict, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
 
 def forward_embeddings(params: dict, cfg: ModelConfig, x_BTD: jax.Array,
                        positions_BT: jax.Array, mask_BT: jax.Array,
-                       cache: KVCache | None = None, segments_BT: jax.Array | None = None
-                       ) -> tuple[jax.Array, KVCache | None]:
+                       cache: KVCache | None = None, segments_BT: jax.Array | None = None, *,
+                       documents_only: bool = False) -> tuple[jax.Array, KVCache | None]:
   """Decoder.hidden of the model holding `params`: the stack from input embeddings. The form of
   `params["layers"]` picks the layer loop: a tuple of per-layer dicts runs unrolled, stacked
   [L, ...] arrays as a scan."""
-  return bind(params, cfg).hidden(x_BTD, positions_BT, mask_BT, cache, segments_BT)
+  return bind(params, cfg).hidden(x_BTD, positions_BT, mask_BT, cache, segments_BT,
+                                  documents_only=documents_only)
 
 
 def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, positions_BT: jax.Array,
-            mask_BT: jax.Array, cache: KVCache | None = None, segments_BT: jax.Array | None = None
-            ) -> tuple[jax.Array, KVCache | None]:
+            mask_BT: jax.Array, cache: KVCache | None = None, segments_BT: jax.Array | None = None, *,
+            documents_only: bool = False) -> tuple[jax.Array, KVCache | None]:
   """The model holding `params` called on tokens (Decoder.__call__): final-norm hidden states
   hidden_BTD (compute dtype) and the updated cache."""
-  return bind(params, cfg)(tokens_BT, positions_BT, mask_BT, cache, segments_BT)
+  return bind(params, cfg)(tokens_BT, positions_BT, mask_BT, cache, segments_BT,
+                           documents_only=documents_only)

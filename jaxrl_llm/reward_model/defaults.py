@@ -55,6 +55,7 @@ def reward_model_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"  # dtype of the trained params
   c.model.compute_dtype = "float32"  # dtype the matmuls run in
   c.model.remat = "auto"  # none | full | save_dots | auto (full for model.hf_path, none for the tiny model)
+  c.model.attention_impl = "auto"  # auto | xla | splash (model/splash.py): splash on TPU, xla elsewhere
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # devices on the data axis (pairs); -1: all devices not used by the others

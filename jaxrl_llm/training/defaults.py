@@ -116,6 +116,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.model.param_dtype = "float32"  # dtype of the trained params
   c.model.compute_dtype = "float32"  # dtype the trainer's matmuls run in
   c.model.remat = "auto"  # none | full | save_dots | auto: activation recompute in the backward pass; auto: full for a checkpoint model (model.hf_path), none for the tiny one
+  c.model.attention_impl = "auto"  # auto | xla | splash: attention of the full-sequence passes (update, recomputes, SFT); splash is jax's Pallas TPU kernel (model/splash.py); auto: splash on TPU, xla elsewhere; decoding always xla
   # LoRA / QLoRA (model/lora.py; the fields: model/config.py's LoraConfig): rank 0 trains the full model; rank r
   # puts adapters on model.lora.targets, only they train, and the frozen base (quantised with model.lora.quant) is the KL reference
   c.model.lora = section_block(LoraConfig)

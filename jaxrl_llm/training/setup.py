@@ -36,7 +36,8 @@ def make_model(cfg, tokenizer, mesh, key):
 
     params, model_cfg = load_hf(
         m.hf_path, shardings=lambda c: sharding_lib.param_shardings(c, mesh),
-        param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat_policy)
+        param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat_policy,
+        attention_impl=m.attention_impl)
     if lora_cfg is None:
       return model_cfg, params
     model_cfg = model_cfg.replace(lora=lora_cfg)

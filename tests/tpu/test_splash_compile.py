@@ -1,0 +1,57 @@
+"""The update with `model.attention_impl=splash` through the real TPU compiler (libtpu, compile only):
+the splash kernels (model/splash.py) replace the [T, T] f32 scores the XLA attention holds.
+
+A 2-layer model (D = 256, 2 query heads over 1 KV head of 128) at T = 512 + 512 = 1024 tokens per
+row, GSPO's update on a v5e:2x2 data mesh, padded rows (no shared prompt, no packing: the layout
+the kernel covers). The XLA attention's update holds f32[..., 1024, 1024] scores, softmax and their
+gradients; the splash update holds none. Needs libtpu (`pip install -e ".[tpu-aot]"`).
+"""
+
+import os
+import re
+
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import pytest  # noqa: E402
+
+try:
+  import libtpu  # noqa: F401,E402
+except ImportError:
+  pytest.skip('libtpu is not installed: pip install -e ".[tpu-aot]" (compile-only TPU checks)',
+              allow_module_level=True)
+
+pytestmark = [pytest.mark.slow]
+
+from jaxrl_llm import compile as compile_lib  # noqa: E402
+from jaxrl_llm.tpu.programs import lower_update, param_sds  # noqa: E402
+from jaxrl_llm.tpu.topology import topology_devices  # noqa: E402
+from jaxrl_llm.training.config import from_config_dict  # noqa: E402
+from jaxrl_llm.training.defaults import get_config  # noqa: E402
+
+T = 1024
+
+
+def _update_hlo(attention_impl: str) -> str:
+  c = get_config("gspo")
+  c.model.update(n_layers=2, d_model=256, n_heads=2, n_kv_heads=1, d_ff=512, attention_impl=attention_impl)
+  c.data.max_prompt_len = T // 2
+  c.rollout.max_response_len = T // 2
+  c.rollout.prompts_per_step = 4
+  c.rollout.group_size = 2
+  c.train.share_prompt = "off"
+  c.train.pack = "off"
+  shapes = compile_lib.build_shapes(from_config_dict(c), "", tuple(topology_devices("v5e:2x2")[0]))
+  params = param_sds(shapes.model_cfg, shapes.mesh)
+  return lower_update(shapes, shapes.model_cfg, params, 1).compile().as_text()
+
+
+def _tt_f32(hlo: str) -> list[str]:
+  """Shapes f32[..., T, T] anywhere in the compiled program."""
+  return re.findall(rf"f32\[(?:\d+,)*{T},{T}\]", hlo)
+
+
+def test_the_splash_update_holds_no_TxT_f32_buffer():
+  splash = _update_hlo("splash")
+  assert 'custom_call_target="tpu_custom_call"' in splash  # the kernels are there
+  assert _tt_f32(splash) == []
+  assert _tt_f32(_update_hlo("xla"))  # the check can fail: the XLA attention holds [T, T] f32 scores
