@@ -83,16 +83,12 @@ def block_size(T: int) -> tuple[int, int]:
   return next(b for b in BLOCKS if padded % b == 0), padded
 
 
-@functools.lru_cache(maxsize=64)
 def _kernel(T: int, G: int, window: int | None, block: int, softcap: float | None, interpret: bool):
-  """The MQA splash kernel over G query heads sharing one KV head, causal or local, T slots. Its
-  block tables are built as concrete arrays (compile-time evaluation), so that the cached kernel
-  holds no tracer of the trace that first built it."""
-  with jax.ensure_compile_time_eval():
-    return _make_kernel(T, G, window, block, softcap, interpret)
+  """The MQA splash kernel over G query heads sharing one KV head, causal or local, T slots.
 
-
-def _make_kernel(T, G, window, block, softcap, interpret):
+  Built afresh in each trace: its block tables become arrays of the trace (inside shard_map, of its
+  manual mesh), so a kernel kept across traces would carry one mesh into another's program. The
+  numpy work behind the tables is cached by splash itself (`_process_mask`)."""
   if window is None:
     mask = sa.CausalMask((T, T))
   else:

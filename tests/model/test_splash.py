@@ -83,12 +83,14 @@ def test_bf16_matches_the_f32_reference_to_bf16_rounding():
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=2e-2)
 
 
-def test_sharded_over_rows_and_heads_matches_the_reference():
-  # 8 CPU devices: rows over data (4), heads over tensor (2); the kernel runs per device in shard_map.
+@pytest.mark.parametrize("mesh_shape", [(4, 1, 2), (2, 1, 4)])
+def test_sharded_over_rows_and_heads_matches_the_reference(mesh_shape):
+  # 8 CPU devices, the kernel per device in shard_map: rows over data (4), heads over tensor (2);
+  # then rows over data (2) and the heads whole on each of 4 tensor devices (2 KV heads do not split
+  # 4 ways), on a second mesh in the same process.
   q, k, v = _qkv(4, 128, 4, 2, 16, seed=3)
   mask_BT = _ragged_mask(128, [0, 9, 0, 40], [128, 128, 100, 128])
-  mesh = make_mesh(MeshConfig(4, 1, 2))
-  with jax.set_mesh(mesh):
+  with jax.set_mesh(make_mesh(MeshConfig(*mesh_shape))):
     got = _values_and_grads(splash_lib.splash_attention, q, k, v, mask_BT)
   want = _values_and_grads(splash_lib.splash_attention_reference, q, k, v, mask_BT)
   _assert_close(got, want, 2e-5)
