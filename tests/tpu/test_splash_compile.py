@@ -1,9 +1,10 @@
 """The update with `model.attention_impl=splash` through the real TPU compiler (libtpu, compile only):
 the splash kernels (model/splash.py) replace the [T, T] f32 scores the XLA attention holds.
 
-A 2-layer model (D = 256, 2 query heads over 1 KV head of 128) at T = 512 + 512 = 1024 tokens per
-row, GSPO's update on a v5e:2x2 data mesh, padded rows (no shared prompt, no packing: the layout
-the kernel covers). The XLA attention's update holds f32[..., 1024, 1024] scores, softmax and their
+A 2-layer model (D = 512, 4 query heads over 2 KV heads of 128) at T = 512 + 512 = 1024 tokens per
+row, GSPO's update on v5e:2x2 meshes (data 4, fsdp 4, fsdp 2 x tensor 2: the kernel per device,
+rows split, and heads split over tensor), padded rows (no shared prompt, no packing: the layout the
+kernel covers). The XLA attention's update holds f32[..., 1024, 1024] scores, softmax and their
 gradients; the splash update holds none. Needs libtpu (`pip install -e ".[tpu-aot]"`).
 """
 
@@ -31,9 +32,11 @@ from jaxrl_llm.training.defaults import get_config  # noqa: E402
 T = 1024
 
 
-def _update_hlo(attention_impl: str) -> str:
+def _update_hlo(attention_impl: str, mesh: tuple[int, int, int] = (4, 1, 1)) -> str:
   c = get_config("gspo")
-  c.model.update(n_layers=2, d_model=256, n_heads=2, n_kv_heads=1, d_ff=512, attention_impl=attention_impl)
+  c.model.update(n_layers=2, d_model=512, n_heads=4, n_kv_heads=2, d_ff=512, vocab_multiple=2,
+                 attention_impl=attention_impl)
+  c.mesh.update(data=mesh[0], fsdp=mesh[1], tensor=mesh[2])
   c.data.max_prompt_len = T // 2
   c.rollout.max_response_len = T // 2
   c.rollout.prompts_per_step = 4
@@ -50,8 +53,13 @@ def _tt_f32(hlo: str) -> list[str]:
   return re.findall(rf"f32\[(?:\d+,)*{T},{T}\]", hlo)
 
 
-def test_the_splash_update_holds_no_TxT_f32_buffer():
-  splash = _update_hlo("splash")
-  assert 'custom_call_target="tpu_custom_call"' in splash  # the kernels are there
+def test_the_xla_update_holds_TxT_f32_buffers():
+  assert _tt_f32(_update_hlo("xla"))  # so the check below can fail
+
+
+@pytest.mark.parametrize("mesh", [(4, 1, 1), (1, 4, 1), (1, 2, 2)])
+def test_the_splash_update_holds_no_TxT_f32_buffer(mesh):
+  splash = _update_hlo("splash", mesh)
+  # the forward, dq and dkv kernels are there (the update's forward, its remat's, the backward's)
+  assert {"splash_mqa_fwd", "splash_mqa_dq", "splash_mqa_dkv"} <= set(re.findall(r"%(splash_mqa_[a-z]+)", splash))
   assert _tt_f32(splash) == []
-  assert _tt_f32(_update_hlo("xla"))  # the check can fail: the XLA attention holds [T, T] f32 scores
