@@ -9,8 +9,8 @@ KV cache (the update, the pi_prox / reference / teacher recomputes, SFT, reward 
 - "splash": this module; on a TPU target the compiled kernels, elsewhere the same kernels in
   Pallas's interpreter (slow: for tests).
 - "auto": "splash" when the platform the computation targets is a TPU (`kernels.target`: the
-  devices of the mesh in context, as `kernels.impl` decides), else "xla", so CPU and GPU runs are
-  unchanged.
+  devices of the mesh in context, as `kernels.impl` decides) and a row holds at least 128 tokens
+  (one tile), else "xla", so CPU and GPU runs are unchanged.
 A forward with a cache (prefill, the decode loop) always runs the XLA attention.
 
 What splash expresses, and how (`splash_attention`):
@@ -69,11 +69,13 @@ BLOCKS = (512, 256, 128)  # splash's block candidates, largest first (module doc
 LANES = 128  # T is padded to a multiple of this
 
 
-def resolve_attention(impl: str) -> str:
-  """"xla" or "splash" for `model.attention_impl` = impl, by the platform the computation targets."""
+def resolve_attention(impl: str, T: int) -> str:
+  """"xla" or "splash" for `model.attention_impl` = impl on T tokens per row, by the platform the
+  computation targets. auto keeps XLA below T = 128: the kernel would pad the rows to one 128-lane
+  tile, more work than the small [T, T] scores it saves."""
   check_choice("model.attention_impl", impl, ATTENTION_IMPLS)
   if impl == "auto":
-    return "splash" if target_platform() == "tpu" else "xla"
+    return "splash" if target_platform() == "tpu" and T >= LANES else "xla"
   return impl
 
 

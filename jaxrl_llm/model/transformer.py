@@ -367,7 +367,7 @@ class Decoder(nnx.Module):
     # are whole documents (model/splash.py); the rest keeps the XLA attention over vis's masks.
     attention = "xla"
     if cache is None and (segments_BT is None or documents_only):
-      attention = splash_lib.resolve_attention(cfg.attention_impl)
+      attention = splash_lib.resolve_attention(cfg.attention_impl, T)
     inputs = _CallInputs(rope_global=rope_global, rope_local=rope_local, vis=vis, layout=layout,
                          attention=attention, mask_BT=mask_BT, segments_BT=segments_BT)
 

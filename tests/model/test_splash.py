@@ -133,8 +133,8 @@ def test_model_forward_and_gradients_with_splash_equal_xla():
 
 
 def test_auto_is_xla_on_cpu_and_a_bad_value_names_the_field():
-  assert splash_lib.resolve_attention("auto") == "xla"
-  assert splash_lib.resolve_attention("splash") == "splash"
+  assert splash_lib.resolve_attention("auto", 1024) == "xla"
+  assert splash_lib.resolve_attention("splash", 16) == "splash"
   with pytest.raises(ConfigError, match=r"ModelConfig.attention_impl='flash' is invalid: allowed \('auto', 'xla', 'splash'\)"):
     _gemma_like("flash")
 

@@ -23,7 +23,11 @@ except ImportError:
 
 pytestmark = [pytest.mark.slow]
 
+import jax  # noqa: E402
+
 from jaxrl_llm import compile as compile_lib  # noqa: E402
+from jaxrl_llm.model.sharding import MeshConfig, make_mesh  # noqa: E402
+from jaxrl_llm.model.splash import resolve_attention  # noqa: E402
 from jaxrl_llm.tpu.programs import lower_update, param_sds  # noqa: E402
 from jaxrl_llm.tpu.topology import topology_devices  # noqa: E402
 from jaxrl_llm.training.config import from_config_dict  # noqa: E402
@@ -51,6 +55,14 @@ def _update_hlo(attention_impl: str, mesh: tuple[int, int, int] = (4, 1, 1)) -> 
 def _tt_f32(hlo: str) -> list[str]:
   """Shapes f32[..., T, T] anywhere in the compiled program."""
   return re.findall(rf"f32\[(?:\d+,)*{T},{T}\]", hlo)
+
+
+def test_auto_is_splash_on_a_tpu_mesh_from_one_tile_of_tokens():
+  tpu = make_mesh(MeshConfig(data=4, fsdp=1, tensor=1), devices=tuple(topology_devices("v5e:2x2")[0]))
+  with jax.sharding.use_abstract_mesh(tpu.abstract_mesh):
+    assert [resolve_attention("auto", T) for T in (127, 128, 4096)] == ["xla", "splash", "splash"]
+    assert resolve_attention("xla", 4096) == "xla"
+  assert resolve_attention("auto", 4096) == "xla"  # no mesh: the default backend, CPU
 
 
 def test_the_xla_update_holds_TxT_f32_buffers():
