@@ -5,7 +5,8 @@ A 2-layer model (D = 512, 4 query heads over 2 KV heads of 128) at T = 512 + 512
 row, GSPO's update on v5e:2x2 meshes (data 4, fsdp 4, fsdp 2 x tensor 2: the kernel per device,
 rows split, and heads split over tensor), padded rows (no shared prompt, no packing: the layout the
 kernel covers). The XLA attention's update holds f32[..., 1024, 1024] scores, softmax and their
-gradients; the splash update holds none. Needs libtpu (`pip install -e ".[tpu-aot]"`).
+gradients; the splash update holds none. And a Gemma 3-shaped model's local and global layers at
+T = 2048 under auto. Needs libtpu (`pip install -e ".[tpu-aot]"`).
 """
 
 import os
@@ -75,3 +76,33 @@ def test_the_splash_update_holds_no_TxT_f32_buffer(mesh):
   # the forward, dq and dkv kernels are there (the update's forward, its remat's, the backward's)
   assert {"splash_mqa_fwd", "splash_mqa_dq", "splash_mqa_dkv"} <= set(re.findall(r"%(splash_mqa_[a-z]+)", splash))
   assert _tt_f32(splash) == []
+
+
+def test_gemma3_local_and_global_layers_compile_without_TxT_f32_scores():
+  """Gemma 3's shape (270M's heads: 4 query heads over 1 KV head of 256, window 512) with two local
+  layers and one global in one scan (the layer kind a traced flag, splash's LocalMask or CausalMask
+  chosen by lax.cond), bf16, T = 2048, value and gradient under auto on a v5e:2x2 data mesh. d_ff is
+  1536, not 2048, so that no MLP activation [B, T, F] reads as a [T, T] buffer."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+
+  from jaxrl_llm.model import ModelConfig, forward, param_shapes  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.model.sharding import param_shardings  # pylint: disable=import-outside-toplevel
+
+  cfg = ModelConfig.preset("gemma3_270m", vocab_size=1024, n_layers=3, d_ff=1536, compute_dtype="bfloat16",
+                           layer_types=("sliding_attention", "sliding_attention", "full_attention"))
+  mesh = make_mesh(MeshConfig(4, 1, 1), devices=tuple(topology_devices("v5e:2x2")[0]))
+  params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), param_shapes(cfg),
+                        param_shardings(cfg, mesh))
+  rows = NamedSharding(mesh, P(("data", "fsdp"), None))
+  tokens = jax.ShapeDtypeStruct((8, 2 * T), jnp.int32, sharding=rows)
+  mask = jax.ShapeDtypeStruct((8, 2 * T), jnp.bool_, sharding=rows)
+
+  def loss(params, tokens_BT, positions_BT, mask_BT):
+    hidden_BTD, _ = forward(params, cfg, tokens_BT, positions_BT, mask_BT)
+    return jnp.sum(hidden_BTD.astype(jnp.float32))
+
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(jax.grad(loss)).lower(params, tokens, tokens, mask).compile().as_text()
+  assert {"splash_mqa_fwd", "splash_mqa_dq", "splash_mqa_dkv"} <= set(re.findall(r"%(splash_mqa_[a-z]+)", hlo))
+  assert re.findall(rf"f32\[(?:\d+,)*{2 * T},{2 * T}\]", hlo) == []
