@@ -47,7 +47,3 @@ class MissingEosPenalty(Extension):
 
   def summary(self) -> dict:
     return {"missing_eos_penalty": self.penalty}
-
-
-def enabled(data_cfg) -> bool:
-  return data_cfg.missing_eos_penalty > 0

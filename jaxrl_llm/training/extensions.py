@@ -20,8 +20,8 @@ CONFIG_EXTENSIONS: tuple[tuple[str, Callable[[Any], bool], Callable[[Any], Exten
     ("teacher", lambda section: section.enabled, TeacherExtension),
     ("data", model_reward.enabled, model_reward.RewardModelExtension),  # data.reward=model
     # After the reward model's: the penalty is a term of the final reward, whatever scored it.
-    ("data", eos_penalty.enabled, eos_penalty.MissingEosPenalty),  # data.missing_eos_penalty > 0
-    ("objective", kl_controller.enabled, kl_controller.KLController),  # objective.kl_target > 0
+    ("data", lambda data: data.missing_eos_penalty > 0, eos_penalty.MissingEosPenalty),
+    ("objective", lambda objective: objective.kl_target > 0, kl_controller.KLController),
 )
 
 

@@ -74,7 +74,3 @@ class KLController(Extension):
 def find(extensions) -> KLController | None:
   """The run's KL controller among its extensions, None without objective.kl_target."""
   return next((e for e in extensions if isinstance(e, KLController)), None)
-
-
-def enabled(objective_cfg) -> bool:
-  return objective_cfg.kl_target > 0
