@@ -252,6 +252,22 @@ def fetch(tree):
   return jax.tree.map(one, tree)
 
 
+def pace(tree):
+  """Waits until `tree` is computed when the run's CPU devices are several, and returns it; elsewhere
+  returns it at once. For a loop that launches a program per step and reads nothing back (the warm
+  start: the RL step and reward-model training read their metrics every step).
+
+  Why: XLA:CPU (jaxlib 0.10.2) launches each device's share of a program from a thread pool, in no
+  fixed order. With several programs queued, a device can start a later step's launch first; that
+  launch takes the device's in-flight slot and waits for the earlier step's result, while the earlier
+  step's all-reduce waits for that device forever. Thread dumps of hung runs show exactly this, with
+  2 devices in one process and with 2 x 2 over gloo (docs/scaling.md). One step in flight at a time
+  cannot deadlock so; a TPU or GPU runtime launches in order and keeps its pipelining."""
+  if jax.local_device_count() > 1 and jax.default_backend() == "cpu":
+    jax.block_until_ready(tree)
+  return tree
+
+
 def onto_mesh(tree, mesh: Mesh):
   """Replicates over the mesh every leaf not already placed on all its devices
   (optimizer counters and other scalars created outside a sharded jit)."""

@@ -127,8 +127,8 @@ def run_sft(params, model_cfg, examples: list[Example], tokenizer, plan: SFTPlan
     batch = [examples[int(j)] for j in rng.integers(len(examples), size=plan.batch_size)]
     pb = encode_prompts(tokenizer, batch, plan.max_prompt_len, plan.chat_template)
     resp_BR, resp_mask_BR = encode_responses(tokenizer, [e.demo for e in batch], plan.max_response_len)
-    params, opt_state, loss = step(params, opt_state,
-                                   *sharding_lib.put((pb.tokens_BP, pb.mask_BP, resp_BR, resp_mask_BR), rows))
+    params, opt_state, loss = sharding_lib.pace(
+        step(params, opt_state, *sharding_lib.put((pb.tokens_BP, pb.mask_BP, resp_BR, resp_mask_BR), rows)))
     if i == 0 or i == steps - 1 or (i + 1) % 100 == 0:
       losses.append(float(loss))
       log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")
