@@ -248,6 +248,32 @@ def gather_rows(local, n_rows: int):
   return jax.tree.map(one, local)
 
 
+def gather_objects(local: list, n_rows: int) -> list:
+  """The Python objects each process made for its `row_share(n_rows)` rows (picklable: an episode's
+  tokens, its reward parts), all-gathered into the whole batch's list, in row order, in every process
+  (a collective: every process calls it, with its own share)."""
+  if jax.process_count() == 1:
+    return list(local)
+  import pickle  # pylint: disable=import-outside-toplevel
+
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  bounds = _row_bounds(n_rows)
+  if len(local) != bounds[jax.process_index() + 1] - bounds[jax.process_index()]:
+    raise ValueError(f"gather_objects: {len(local)} objects from process {jax.process_index()}, whose share "
+                     f"of {n_rows} rows is [{bounds[jax.process_index()]}, {bounds[jax.process_index() + 1]})")
+  blob = np.frombuffer(pickle.dumps(list(local)), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64))).reshape(-1)
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:blob.size] = blob
+  every = np.asarray(multihost_utils.process_allgather(padded))  # [processes, largest]
+  out = []
+  for p, size in enumerate(sizes):
+    out += pickle.loads(every[p, :int(size)].tobytes())
+  return out
+
+
 def single_process_only(entry: str) -> None:
   """Refuses a multi-process launch (the JAX_* variables) of an entry point whose host side is not yet
   made for several processes (docs/scaling.md), with one line instead of a crash in its first write."""

@@ -42,6 +42,7 @@ from jaxrl_llm.envs import registry as env_registry
 from jaxrl_llm.envs.base import CONTINUING, STATUSES
 from jaxrl_llm.envs.episode import Episode, EpisodeLimits, EpisodeResult
 from jaxrl_llm.envs.render import ChatRenderer, PlainRenderer
+from jaxrl_llm.model import distributed
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine
@@ -95,29 +96,46 @@ def play(episodes: Sequence[Episode], sample_round: RoundSampler,
          executor: concurrent.futures.Executor | None = None) -> list[Played]:
   """Runs `episodes` to their ends: each round samples one turn for every live one (`sample_round`,
   budget 0 for a finished one), then steps the live ones (in parallel on `executor`: their tool calls
-  overlap in the pool)."""
+  overlap in the pool).
+
+  In a multi-process run every process samples every row (the sampler is one program over the mesh),
+  but steps only the episodes of its own rows (`distributed.row_share`): each environment and tool call
+  runs once, in one process. After each round the owners' new contexts, budgets and ends are
+  all-gathered, and at the end their results (`distributed.gather_objects`); with one process that is
+  the episodes themselves."""
+  lo, hi = distributed.row_share(len(episodes))
   sampled = [[] for _ in episodes]
   logps = [[] for _ in episodes]
+  views = _views(episodes, lo, hi)
   rnd = 0
-  while live := [i for i, ep in enumerate(episodes) if not ep.done]:
-    contexts = [ep.ids if not ep.done else [] for ep in episodes]
-    budgets = [ep.turn_budget() if not ep.done else 0 for ep in episodes]
+  while live := [i for i, (_, _, done) in enumerate(views) if not done]:
+    contexts = [ids if not done else [] for ids, _, done in views]
+    budgets = [budget if not done else 0 for _, budget, done in views]
     turns = sample_round(contexts, budgets, rnd)
 
     def step(i, turns=turns):
       episodes[i].step(turns.ids[i], truncated=bool(turns.finish_B[i] == FINISH_LENGTH))
 
+    own = [i for i in live if lo <= i < hi]
     if executor is None:
-      for i in live:
+      for i in own:
         step(i)
     else:
-      list(executor.map(step, live))  # re-raises the first error of a step
+      list(executor.map(step, own))  # re-raises the first error of a step
     for i in live:
       sampled[i] += turns.ids[i]
       logps[i].append(np.asarray(turns.behav_logp[i], np.float32))
+    views = _views(episodes, lo, hi)
     rnd += 1
-  return [Played(ep.result(), sampled[i], np.concatenate(logps[i]) if logps[i] else np.zeros((0,), np.float32))
-          for i, ep in enumerate(episodes)]
+  results = distributed.gather_objects([ep.result() for ep in episodes[lo:hi]], len(episodes))
+  return [Played(results[i], sampled[i], np.concatenate(logps[i]) if logps[i] else np.zeros((0,), np.float32))
+          for i in range(len(episodes))]
+
+
+def _views(episodes: Sequence[Episode], lo: int, hi: int) -> list[tuple[list[int], int, bool]]:
+  """(ids, turn budget, done) of every episode, from the process that steps it."""
+  own = [(list(ep.ids), ep.turn_budget() if not ep.done else 0, ep.done) for ep in episodes[lo:hi]]
+  return distributed.gather_objects(own, len(episodes))
 
 
 def episode_batch(played: Sequence[Played], examples: Sequence[Example], *, prompt_len: int, response_len: int,
