@@ -53,7 +53,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir, processes: int, devices: int, *, flags=(), faults=None) -> list[subprocess.Popen]:
+def _launch(workdir, processes: int, devices: int, *, flags=(), faults=None, base=RUN_FLAGS) -> list[subprocess.Popen]:
   """`python -m jaxrl_llm.train` as `processes` processes of `devices` CPU devices each, as a user
   starts them (the JAX_* variables); faults: {process id: JAXRL_LLM_FAULT spec}."""
   port = _free_port()
@@ -65,7 +65,7 @@ def _launch(workdir, processes: int, devices: int, *, flags=(), faults=None) -> 
                  JAX_PROCESS_ID=str(pid), JAXRL_LLM_HEARTBEAT_TIMEOUT_S="20")
     if faults and pid in faults:
       env["JAXRL_LLM_FAULT"] = faults[pid]
-    procs.append(subprocess.Popen([sys.executable, "-m", "jaxrl_llm.train", *RUN_FLAGS, *flags,
+    procs.append(subprocess.Popen([sys.executable, "-m", "jaxrl_llm.train", *base, *flags,
                                    f"--workdir={workdir}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True))
   return procs
@@ -112,6 +112,7 @@ def _final_params(workdir) -> dict:
 def _assert_same_run(got_dir, want_dir):
   got, want = _metrics(got_dir), _metrics(want_dir)
   assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2]
+  assert len(got[0]) > 20  # the rows hold the step's metrics, not only its number
   for g, w in zip(got, want):
     assert g.keys() == w.keys()
     assert g == w  # bitwise (module docstring)
@@ -157,6 +158,65 @@ def test_a_killed_process_ends_the_run_and_one_process_resumes_it(tmp_path, sing
   log = _run(workdir, 1, 2)[0]
   assert "resum" in log.lower(), log[-3000:]
   _assert_same_run(workdir, single_process)
+
+
+def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_process):
+  """The reverse of the test above: one process (2 devices) killed in step 2's update, the same command
+  as two processes of one device resumes its checkpoint and ends with the uninterrupted run."""
+  workdir = tmp_path / "run"
+  # Synchronous saves: a lone process killed right after step 1's save started could lose it (the
+  # write in flight), and the rerun would start over instead of resuming.
+  sync = ("--config.checkpoint.async_save=False",)
+  ((code, _),) = _finish(_launch(workdir, 1, 2, flags=sync, faults={0: "update:2:kill"}))
+  assert code == -signal.SIGKILL
+  assert [d for d in os.listdir(workdir / "checkpoints") if d.isdigit()] == ["1"]  # step 1 saved, step 2 not
+  logs = _run(workdir, 2, 1, flags=sync)
+  assert "resum" in logs[0].lower(), logs[0][-3000:]
+  _assert_same_run(workdir, single_process)
+
+
+# SDPO, the self-teacher: the hint warm start, the teacher's recompute and the distillation term, shrunk.
+TEACHER_FLAGS = ("--config=configs/sdpo.py", *RUN_FLAGS[1:], "--config.teacher.hint_sft_steps=20",
+                 "--config.teacher.refresh_every=1")
+
+
+@pytest.mark.xdist_group("multiprocess_teacher")  # no shared fixture: may run beside the module's others
+def test_a_teacher_method_in_two_processes_is_the_single_process_run(tmp_path):
+  one, two = tmp_path / "one", tmp_path / "two"
+  _run(one, 1, 2, base=TEACHER_FLAGS)
+  _run(two, 2, 1, base=TEACHER_FLAGS)
+  assert any(k.startswith("teacher/") for k in _metrics(one)[0])  # the teacher's terms were computed
+  _assert_same_run(two, one)
+
+
+# The calculator example, shrunk: a warm start on tool demonstrations, then 2 RL steps of episodes whose
+# tool calls each process runs for its own rows only.
+EPISODE_FLAGS = ("--config=configs/examples/arithmetic_calculator.py", "--config.train.steps=2",
+                 "--config.sft.steps=80", "--config.sft.batch_size=32", "--config.sft.lr=0.02",
+                 "--config.task.digits=1", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=2",
+                 "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1")
+
+
+@pytest.mark.xdist_group("multiprocess_episodes")  # no shared fixture: may run beside the module's others
+def test_episodes_with_a_tool_in_two_processes_are_the_single_process_run(tmp_path):
+  one, two = tmp_path / "one", tmp_path / "two"
+  _run(one, 1, 2, base=EPISODE_FLAGS)
+  _run(two, 2, 1, base=EPISODE_FLAGS)
+  rows = _metrics(one)
+  assert max(r["env/observation_tokens_mean"] for r in rows) > 0  # the calculator was called and answered
+  _assert_same_run(two, one)
+
+
+def test_settings_a_multiprocess_run_does_not_support_are_refused(tmp_path):
+  procs = _launch(tmp_path / "run", 2, 1, flags=("--config.rollout.overlap=True", "--config.rollout.staleness=1"))
+  for code, log in _finish(procs, timeout=300):
+    assert code == 2, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert errors == ["error: config.rollout.overlap=True is not supported in a multi-process run yet (a second "
+                      "thread generates, and its launches interleave with the update's in another order in each "
+                      "process, where a multi-controller run needs every process to launch the same programs in the "
+                      "same order; docs/scaling.md): run it as one process"], log[-2000:]
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_processes_with_different_configs_are_refused(tmp_path):
