@@ -264,7 +264,7 @@ def gather_objects(local: list, n_rows: int) -> list:
     raise ValueError(f"gather_objects: {len(local)} objects from process {jax.process_index()}, whose share "
                      f"of {n_rows} rows is [{bounds[jax.process_index()]}, {bounds[jax.process_index() + 1]})")
   blob = np.frombuffer(pickle.dumps(list(local)), np.uint8)
-  sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64))).reshape(-1)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int32))).reshape(-1)  # < 2 GiB
   padded = np.zeros(int(sizes.max()), np.uint8)
   padded[:blob.size] = blob
   every = np.asarray(multihost_utils.process_allgather(padded))  # [processes, largest]

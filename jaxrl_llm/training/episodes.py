@@ -106,36 +106,56 @@ def play(episodes: Sequence[Episode], sample_round: RoundSampler,
   lo, hi = distributed.row_share(len(episodes))
   sampled = [[] for _ in episodes]
   logps = [[] for _ in episodes]
-  views = _views(episodes, lo, hi)
+  views = _views(episodes, lo, hi, {})
   rnd = 0
-  while live := [i for i, (_, _, done) in enumerate(views) if not done]:
-    contexts = [ids if not done else [] for ids, _, done in views]
-    budgets = [budget if not done else 0 for _, budget, done in views]
+  while live := [i for i, (_, _, done, _) in enumerate(views) if not done]:
+    contexts = [ids if not done else [] for ids, _, done, _ in views]
+    budgets = [budget if not done else 0 for _, budget, done, _ in views]
     turns = sample_round(contexts, budgets, rnd)
+    failed: dict[int, BaseException] = {}
 
-    def step(i, turns=turns):
-      episodes[i].step(turns.ids[i], truncated=bool(turns.finish_B[i] == FINISH_LENGTH))
+    def step(i, turns=turns, failed=failed):
+      try:
+        episodes[i].step(turns.ids[i], truncated=bool(turns.finish_B[i] == FINISH_LENGTH))
+      except Exception as e:  # pylint: disable=broad-except  # raised below, in every process
+        failed[i] = e
 
     own = [i for i in live if lo <= i < hi]
     if executor is None:
       for i in own:
         step(i)
     else:
-      list(executor.map(step, own))  # re-raises the first error of a step
+      list(executor.map(step, own))
     for i in live:
       sampled[i] += turns.ids[i]
       logps[i].append(np.asarray(turns.behav_logp[i], np.float32))
-    views = _views(episodes, lo, hi)
+    views = _views(episodes, lo, hi, failed)
+    _raise_first_failure(views, failed)
     rnd += 1
   results = distributed.gather_objects([ep.result() for ep in episodes[lo:hi]], len(episodes))
   return [Played(results[i], sampled[i], np.concatenate(logps[i]) if logps[i] else np.zeros((0,), np.float32))
           for i in range(len(episodes))]
 
 
-def _views(episodes: Sequence[Episode], lo: int, hi: int) -> list[tuple[list[int], int, bool]]:
-  """(ids, turn budget, done) of every episode, from the process that steps it."""
-  own = [(list(ep.ids), ep.turn_budget() if not ep.done else 0, ep.done) for ep in episodes[lo:hi]]
+def _views(episodes: Sequence[Episode], lo: int, hi: int, failed: dict[int, BaseException]
+           ) -> list[tuple[list[int], int, bool, str]]:
+  """(ids, turn budget, done, the step's error or '') of every episode, from the process that steps it."""
+  own = [(list(ep.ids), ep.turn_budget() if not ep.done else 0, ep.done,
+          f"{type(failed[i]).__name__}: {failed[i]}" if i in failed else "")
+         for i, ep in enumerate(episodes[lo:hi], start=lo)]
   return distributed.gather_objects(own, len(episodes))
+
+
+def _raise_first_failure(views, failed: dict[int, BaseException]) -> None:
+  """Raises the error of the first episode whose step failed, in every process (after the views are
+  shared, so that no process waits in a collective for one that raised): the exception itself where it
+  happened, a RuntimeError naming it elsewhere."""
+  first = next((i for i, view in enumerate(views) if view[3]), None)
+  if first is None:
+    return
+  if first in failed:
+    raise failed[first]
+  raise RuntimeError(f"episode {first} failed in the process that steps it: {views[first][3]}")
 
 
 def episode_batch(played: Sequence[Played], examples: Sequence[Example], *, prompt_len: int, response_len: int,
