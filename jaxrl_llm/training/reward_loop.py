@@ -288,7 +288,8 @@ class RewardModelRun:
       idx = np.arange(start, start + B)
       weight = (idx < len(arrays)).astype(np.float32)
       batch = arrays.take(np.where(idx < len(arrays), idx, 0))
-      loss, s = self.eval_step(state.trees(), *self._device_batch(batch, weight), self.ref_params)
+      with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # the attention and vocabulary kernels
+        loss, s = self.eval_step(state.trees(), *self._device_batch(batch, weight), self.ref_params)
       loss_num, loss_den = loss_num + float(loss.numerator), loss_den + float(loss.denominator)
       stats = s if stats is None else stats + s
     return {"loss": loss_num / max(loss_den, 1.0), **self._summary(stats), "n": len(arrays)}
@@ -303,8 +304,9 @@ class RewardModelRun:
     step = int(state.step)
     rows = batch_rows(len(self.data.train), self.cfg.train.batch_size, self.cfg.seed, step)
     batch = self._device_batch(self.data.train.take(rows), np.ones(len(rows), np.float32))
-    trees, opt_state, new_step, out = self.train_step(state.trees(), state.opt_state, state.step, *batch,
-                                                      self.ref_params)
+    with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # as the RL step: kernels see the mesh
+      trees, opt_state, new_step, out = self.train_step(state.trees(), state.opt_state, state.step, *batch,
+                                                        self.ref_params)
     state = state.replace(params=trees["params"], reward_head=trees[HEAD_KEY], opt_state=opt_state, step=new_step)
     s = self._summary(out["stats"])
     metrics = {"train/loss": float(out["loss"].value()), **{f"train/{k}": v for k, v in s.items()},
