@@ -50,8 +50,9 @@ class KLController(Extension):
     beta_{t+1}, rounded to f32 as the checkpoint holds it; -> the step's metrics."""
     c = self.cfg
     mask = np.asarray(mask_BR, bool)
-    k_BR = np.asarray(kl_penalty(jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), c.kl_estimator,
-                                 log_clamp=c.log_ratio_clamp))
+    # The estimator and the log-ratio clamp of the penalty this coefficient scales (fold_kl_into_rewards'
+    # default clamp), so the controller steers the KL the reward pays.
+    k_BR = np.asarray(kl_penalty(jnp.asarray(prox_logp_BR), jnp.asarray(ref_logp_BR), c.kl_estimator))
     kl = kl_control.answer_kl(k_BR, mask)
     used = self.coef
     nxt = kl_control.next_kl_coef(used, kl, target=c.kl_target, horizon=c.kl_horizon, n_samples=mask.shape[0])

@@ -116,6 +116,10 @@ class RewardModelExtension(Extension):
       raise ConfigError(f"{FIELD}={run_cfg.data.reward_model!r} is a process reward model, which scores the steps "
                         f"of single-turn responses: env.name={run_cfg.env.name!r} is not allowed with it "
                         f"(allowed {NO_ENV!r})")
+    if self.process and run_cfg.data.reward_clip > 0 and run_cfg.objective.advantage == "grpo_process":
+      raise ConfigError(f"config.data.reward_clip={run_cfg.data.reward_clip!r} clips the normalised outcome "
+                        "reward, which objective.advantage='grpo_process' does not read (its advantages come from "
+                        "the process reward model's step rewards): use 0 with it")
 
   @property
   def process(self) -> bool:

@@ -246,3 +246,13 @@ def test_a_process_reward_model_is_refused_for_multi_turn_episodes(prm_dir):
   ext = RewardModelExtension(cfg.data)
   ext.preflight(from_config_dict(shrink(load_config("rlhf_process"), **{"data.reward_model": prm_dir})))
   assert ext.process and ext.kind == {"objective": "process", "step_separator": "\n"}
+
+
+def test_reward_clip_is_refused_where_the_advantages_read_the_step_rewards(prm_dir):
+  from jaxrl_llm.training.model_reward import RewardModelExtension
+
+  cfg = from_config_dict(shrink(load_config("rlhf_process"), **{"data.reward_model": prm_dir, "data.reward_clip": 2.0,
+                                                                "objective.advantage": "grpo_process"}))
+  with pytest.raises(ConfigError, match=r"config\.data\.reward_clip=2\.0 clips the normalised outcome reward, which "
+                                        r"objective\.advantage='grpo_process' does not read"):
+    RewardModelExtension(cfg.data).preflight(cfg)
