@@ -36,8 +36,9 @@ from jaxrl_llm.checkpointing.errors import (
 PyTree = Any
 
 # Model-config fields that change neither the parameters nor the function
-# they compute, so a checkpoint may be restored across them.
-RUNTIME_MODEL_FIELDS = frozenset({"remat", "compute_dtype", "init_std", "max_position"})
+# they compute, so a checkpoint may be restored across them (attention_impl:
+# the same attention by another kernel; a workdir from before it has none).
+RUNTIME_MODEL_FIELDS = frozenset({"remat", "compute_dtype", "init_std", "max_position", "attention_impl"})
 
 
 def to_jsonable(obj: Any) -> Any:
