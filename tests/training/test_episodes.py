@@ -61,29 +61,6 @@ def scripted_rounds(script):
   return sample_round
 
 
-class _Broken(ToolEnv):
-  """A calculator environment whose second episode's step raises."""
-
-  def step(self, ids, *, truncated=False):
-    if self.name == "broken":
-      raise ValueError("the environment broke")
-    return super().step(ids, truncated=truncated)
-
-
-def test_an_episode_step_that_raises_ends_play_with_its_error(pool):
-  """play raises the step's own exception (after the round's views are shared: in a multi-process run
-  every process raises, none waits in a collective for the one that did)."""
-  task = ArithmeticTask(digits=1)
-  ex = Example(prompt="3+4=", answer="7")
-  limits = EpisodeLimits(max_turn_tokens=16, max_context_tokens=6 + 40, max_response_tokens=40)
-  envs = [_Broken(task, (CALCULATOR,), pool, call_format="tags", max_turns=3, tokenizer=TOK, instructions=False)
-          for _ in range(2)]
-  envs[1].name = "broken"
-  episodes = [Episode(env, PlainRenderer(TOK), ex, limits) for env in envs]
-  with pytest.raises(ValueError, match="the environment broke"):
-    episodes_lib.play(episodes, scripted_rounds([[("7", FINISH_EOS)], [("7", FINISH_EOS)]]))
-
-
 def test_episode_rows_are_token_in_token_out(pool):
   """Three calculator episodes from scripted turns: a call then the answer, a direct wrong answer, a
   turn cut at its budget. Each row's policy tokens are the sampled ids in order, the result the

@@ -1,0 +1,44 @@
+"""An episode step that raises ends `play` with its own error (training/episodes.py), in every process
+of a multi-process run after the round's views are shared."""
+
+import pytest
+from test_episodes import LIMITS, TOK, scripted_rounds
+
+from jaxrl_llm.envs.builtin_tools import CALCULATOR
+from jaxrl_llm.envs.episode import Episode, EpisodeLimits
+from jaxrl_llm.envs.pool import ToolPool
+from jaxrl_llm.envs.render import PlainRenderer
+from jaxrl_llm.envs.tool_env import ToolEnv
+from jaxrl_llm.sampling.rollout import FINISH_EOS
+from jaxrl_llm.tasks.arithmetic import ArithmeticTask
+from jaxrl_llm.tasks.base import Example
+from jaxrl_llm.training import episodes as episodes_lib
+
+
+@pytest.fixture(scope="module")
+def pool():
+  with ToolPool(2, LIMITS) as p:
+    yield p
+
+
+class _Broken(ToolEnv):
+  """A calculator environment whose second episode's step raises."""
+
+  def step(self, ids, *, truncated=False):
+    if self.name == "broken":
+      raise ValueError("the environment broke")
+    return super().step(ids, truncated=truncated)
+
+
+def test_an_episode_step_that_raises_ends_play_with_its_error(pool):
+  """play raises the step's own exception (after the round's views are shared: in a multi-process run
+  every process raises, none waits in a collective for the one that did)."""
+  task = ArithmeticTask(digits=1)
+  ex = Example(prompt="3+4=", answer="7")
+  limits = EpisodeLimits(max_turn_tokens=16, max_context_tokens=6 + 40, max_response_tokens=40)
+  envs = [_Broken(task, (CALCULATOR,), pool, call_format="tags", max_turns=3, tokenizer=TOK, instructions=False)
+          for _ in range(2)]
+  envs[1].name = "broken"
+  episodes = [Episode(env, PlainRenderer(TOK), ex, limits) for env in envs]
+  with pytest.raises(ValueError, match="the environment broke"):
+    episodes_lib.play(episodes, scripted_rounds([[("7", FINISH_EOS)], [("7", FINISH_EOS)]]))
