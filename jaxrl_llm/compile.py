@@ -85,7 +85,7 @@ def build_shapes(cfg, model: str, devices):
   from jaxrl_llm.tpu.programs import EVAL_BATCH, RunShapes
   from jaxrl_llm.training import setup
   from jaxrl_llm.training.config import AUTO_MICRO_BATCH_TOKENS
-  from jaxrl_llm.training.optim import adamw, warmup_schedule
+  from jaxrl_llm.learn.optim import adamw, warmup_schedule
 
   hf_path = cfg.model.hf_path
   if model:  # the shapes come from --model: the config's checkpoint folder is not read

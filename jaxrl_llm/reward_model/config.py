@@ -71,6 +71,7 @@ class PreferenceDataConfig:
 class RewardTrainConfig:
   steps: int
   batch_size: int
+  micro_batch_size: int
   lr: float
   warmup_steps: int
   lr_decay_to: float
@@ -85,6 +86,10 @@ class RewardTrainConfig:
   def __post_init__(self):
     check_int("config.train.steps", self.steps, 0)
     check_int("config.train.batch_size", self.batch_size, 1)
+    check_int("config.train.micro_batch_size", self.micro_batch_size, 0)
+    if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+      raise bad("config.train.micro_batch_size", self.micro_batch_size,
+                f"must divide train.batch_size={self.batch_size}; 0 uses the whole batch")
     check_float("config.train.lr", self.lr, 0.0, 1.0, low_open=True)
     check_int("config.train.warmup_steps", self.warmup_steps, 0)
     check_float("config.train.lr_decay_to", self.lr_decay_to, 0.0, 1.0)

@@ -65,6 +65,7 @@ def reward_model_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.steps = 400  # optimizer steps
   c.train.batch_size = 128  # pairs per step (a multiple of mesh.data x mesh.fsdp)
+  c.train.micro_batch_size = 0  # rows per forward/backward inside a step (gradients summed exactly: learn/learner.py); 0: the whole batch; divides train.batch_size, a multiple of mesh.data x mesh.fsdp
   c.train.lr = 3e-3  # peak learning rate (linear warm-up, then cosine decay to train.lr_decay_to)
   c.train.warmup_steps = 30  # optimizer steps of linear warm-up
   c.train.lr_decay_to = 0.1  # share of train.lr at the last step; 1: constant

@@ -9,8 +9,8 @@ built from the functions the trainer itself runs (nothing is copied):
 | rollout/prefill | sampling.loop.prefill | 1 (dynamic sampling's refills not counted) |
 | rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
 | recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
-| update | training.update.Updater | epochs x mini-batches |
-| sft | training.sft.sft_step | none (the warm start: sft.steps of them) |
+| update | training.update.Updater (learn/learner.py) | epochs x mini-batches |
+| sft | training.sft.sft_learner (learn/learner.py) | none (the warm start: sft.steps of them) |
 | eval/prefill, eval/decode | the greedy sampler of evaluation.Evaluator | none (start and end of a run) |
 
 Each program lowers from ShapeDtypeStructs carrying the run's shardings over
@@ -45,7 +45,7 @@ from jaxrl_llm.sampling import loop as sampler_loop
 from jaxrl_llm.sampling.generate import sampler_model_config
 from jaxrl_llm.training import recompute as recompute_lib
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
-from jaxrl_llm.training.sft import sft_optimizer, sft_plan, sft_step
+from jaxrl_llm.training.sft import sft_learner, sft_optimizer, sft_plan, sft_slots
 from jaxrl_llm.training.update import UpdateSpec, UpdateState, make_updater
 
 EVAL_BATCH = 256  # Evaluator.greedy_outcomes' batch
@@ -320,15 +320,18 @@ def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
 
 @_in_mesh
 def lower_sft(shapes: RunShapes, model_cfg, params, rows: int):
+  """The warm start's step (training/sft.py's learner, as run_sft builds it) on `rows` demonstrations
+  in micro-batches of sft.micro_batch_size."""
   cfg, m = shapes.cfg, shapes.mesh
-  tx = sft_optimizer(sft_plan(cfg))
+  plan = sft_plan(cfg)
+  plan = dataclasses.replace(plan, batch_size=rows, micro_batch_size=min(plan.micro_batch_size, rows))
+  tx = sft_optimizer(plan)
   opt = opt_sds(tx, lora.trainable(params), m)
-  b = sharding_lib.batch_sharding(m, ndim=1)
-  step = sft_step(model_cfg, cfg.kernels.impl, tx, jax.tree.map(lambda x: x.sharding, params),
-                  jax.tree.map(lambda x: x.sharding, opt), b)
+  learner = sft_learner(model_cfg, plan, tx, params, opt, sharding_lib.batch_sharding(m, ndim=1))
   P_, R = shapes.prompt_len, shapes.response_len
-  return step.lower(params, opt, _rows(m, (rows, P_), jnp.int32), _rows(m, (rows, P_), jnp.bool_),
-                    _rows(m, (rows, R), jnp.int32), _rows(m, (rows, R), jnp.bool_))
+  batch = (_rows(m, (rows, P_), jnp.int32), _rows(m, (rows, P_), jnp.bool_), _rows(m, (rows, R), jnp.int32),
+           _rows(m, (rows, R), jnp.bool_))
+  return learner.lower(*sft_slots(params, opt), batch, None)
 
 
 def sampler_copy(scfg, params):
@@ -383,7 +386,8 @@ def run_programs(shapes: RunShapes) -> list[Program]:
                      cfg.train.epochs * cfg.train.mini_batches, f"{shapes.n_micro} micro-batches of {chunk} rows"))
   if cfg.sft.steps:
     out.append(Program("sft", "plain", lambda mc, p, _: lower_sft(shapes, mc, p, cfg.sft.batch_size), 1, 0.0,
-                       f"warm start: {cfg.sft.steps} steps of {cfg.sft.batch_size} rows"))
+                       f"warm start: {cfg.sft.steps} steps of {cfg.sft.batch_size} rows"
+                       + (f" in micro-batches of {cfg.sft.micro_batch_size}" if cfg.sft.micro_batch_size else "")))
   out += [Program("eval/prefill", "prefill", prefill(ecfg, E), 1, 0.0, f"greedy, {E} rows", ecfg, E),
           Program("eval/decode", "decode", None, 1, 0.0, f"greedy, {E} rows", ecfg, E)]
   return out

@@ -92,7 +92,7 @@ def misfits(reports: list[ProgramReport], head: dict) -> list[str]:
       out.append(f"{r.name} on {head['topology']}: {r.error}")
       continue
     advice = ("raise mesh.fsdp (params and optimizer state split further)" if r.outside_bytes > r.memory["temp"]
-              else "lower sft.batch_size (or skip the warm start: sft.steps=0)" if r.name == "sft"
+              else "set sft.micro_batch_size (micro-batches of the warm start's step) or model.remat=full" if r.name == "sft"
               else "lower train.micro_batch_size or use model.remat=full" if r.name == "update"
               else "lower train.micro_batch_size" if r.name == "recompute"
               else "lower eval.n_examples (the evaluation decodes min(256, eval.n_examples) rows at once)"

@@ -133,6 +133,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 300  # supervised steps before RL; 0 skips the warm start
   c.sft.batch_size = 128  # demonstrations per step
+  c.sft.micro_batch_size = 0  # demonstrations per forward/backward inside a step (gradients summed exactly: learn/learner.py); 0: the whole batch; divides sft.batch_size, a multiple of mesh.data x mesh.fsdp
   c.sft.lr = 1e-3  # peak learning rate (warm-up then cosine decay to 10%); 3e-3 under-fits (docs/benchmarks.md)
   c.sft.warmup_steps = 50  # linear LR warm-up, steps: step k at lr * (k + 1) / warmup_steps (optim.warmup_schedule)
   c.sft.wrong_fraction = 0.6  # share of demonstrations that are systematically wrong (carry dropped)

@@ -43,7 +43,7 @@ from jaxrl_llm.training.evaluation import Evaluator
 from jaxrl_llm.training.extensions import extensions_for
 from jaxrl_llm.training.guards import SignalGuard
 from jaxrl_llm.training.metrics import Progress
-from jaxrl_llm.training.optim import adamw, warmup_schedule
+from jaxrl_llm.learn.optim import adamw, warmup_schedule
 from jaxrl_llm.training.sft import run_sft, sft_plan
 from jaxrl_llm.training.state import TrainState
 from jaxrl_llm.training.step import rl_step

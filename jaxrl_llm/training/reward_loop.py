@@ -55,11 +55,13 @@ from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, reward_score
 from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
 from jaxrl_llm.training import provenance
 from jaxrl_llm.training.context import snapshot
-from jaxrl_llm.training.optim import adamw, guarded_update, warmup_schedule
+from jaxrl_llm.learn.learner import Group, LearnSpec, LossOut, Slot, make_learner
+from jaxrl_llm.learn.optim import adamw, warmup_schedule
 from jaxrl_llm.training.setup import make_model
 
 EXPORT_DIR = "hf"  # <workdir>/hf: the Hugging Face export
 REF_KEY = "ref_params"  # DPO's frozen reference in the checkpoint
+MODEL = "model"  # the learner's one group: {"params": the trunk, HEAD_KEY: the score head}
 LOGPROB_IMPL = "auto"  # DPO's log-probs through the streaming vocabulary kernels (kernels/config.py)
 
 
@@ -177,6 +179,43 @@ def dpo_objective(params, ref_params, model_cfg, batch, weight_B, dpo) -> tuple[
   return out.loss, pair_stats(r_c, r_r, weight_B)
 
 
+def reward_loss(trees: dict, mb, ref: dict, norm, *, model_cfg, center_coef: float, process: bool, dpo) -> LossOut:
+  """The configured objective on one micro-batch, a `LossFn` of the learner (learn/learner.py): the
+  Bradley-Terry loss (loss.py), the process reward model's per-step cross-entropy (process.py) or DPO
+  (`dpo`: the config's DPOConfig; `ref`: pi_ref's params). mb = (the PairArrays / StepArrays fields,
+  weight_B); `norm`: the loss's denominator on the whole batch (`pair_norm` / `process_norm`), which
+  makes the objective this micro-batch's exact share; sums: the batch's PairStats / StepStats."""
+  batch, weight_B = mb
+  params, head = trees[MODEL]["params"], trees[MODEL][HEAD_KEY]
+  if dpo is not None:
+    loss, stats = dpo_objective(params, ref, model_cfg, batch, weight_B, dpo)
+  elif process:  # process.py: a score at every token, the loss and stats at the step ends
+    tokens_BT, mask_BT, label_BT, step_BT = batch
+    s_BT = token_scores(params, head, model_cfg, tokens_BT, mask_BT)
+    loss = process_lib.process_bce_loss(s_BT, label_BT, step_BT, weight_B)
+    stats = process_lib.step_stats(jax.lax.stop_gradient(s_BT), label_BT, step_BT, weight_B)
+  else:  # loss.py: a score per sequence, chosen (slot 0) against rejected (slot 1)
+    tokens_B2T, mask_B2T, margin_B, _ = batch
+    B, _, T = tokens_B2T.shape
+    r_B2 = reward_scores(params, head, model_cfg, tokens_B2T.reshape(2 * B, T),
+                         mask_B2T.reshape(2 * B, T)).reshape(B, 2)
+    loss = bradley_terry_loss(r_B2[:, 0], r_B2[:, 1], margin_B, weight_B, center_coef=center_coef)
+    r_B2 = jax.lax.stop_gradient(r_B2)
+    stats = pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B)
+  return LossOut(objective=WeightedSum(loss.numerator, norm).value(), loss=loss, sums=stats)
+
+
+def pair_norm(mb) -> jax.Array:
+  """The pair losses' denominator on the whole batch: the pairs' total weight."""
+  return jnp.sum(mb[1].astype(jnp.float32))
+
+
+def process_norm(mb) -> jax.Array:
+  """The process loss's denominator on the whole batch: the weighted count of labelled step ends."""
+  (_, _, _, step_NT), weight_N = mb
+  return jnp.sum(step_NT.astype(jnp.float32) * weight_N.astype(jnp.float32)[:, None])
+
+
 class RewardModelRun:
   """One reward-model run in `workdir`: `run()` does everything (see the module docstring)."""
 
@@ -186,8 +225,10 @@ class RewardModelRun:
     self.allow_config_change = allow_config_change
     self.mesh = sharding_lib.make_mesh(cfg.mesh, devices)
     shards = sharding_lib.batch_shards(self.mesh)
-    if cfg.train.batch_size % shards:
-      raise ConfigError(f"config.train.batch_size={cfg.train.batch_size} must be a multiple of the {shards} batch "
+    self.micro_batch_size = cfg.train.micro_batch_size or cfg.train.batch_size
+    if self.micro_batch_size % shards:
+      field = "micro_batch_size" if cfg.train.micro_batch_size else "batch_size"
+      raise ConfigError(f"config.train.{field}={getattr(cfg.train, field)} must be a multiple of the {shards} batch "
                         "shards of the mesh (mesh.data x mesh.fsdp)")
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise ConfigError(f"workdir {workdir!r} is a file: expected a directory (new, or a reward model's workdir)")
@@ -228,49 +269,26 @@ class RewardModelRun:
     return snapshot(state.params)
 
   def _compile(self, state: RewardState) -> None:
-    model_cfg, coef, tx, process = self.model_cfg, self.cfg.train.center_coef, self.tx, self.cfg.process
-    dpo = self.cfg.dpo if self.cfg.dpo_run else None
-    tree_sh = jax.tree.map(lambda a: a.sharding, state.trees())
+    cfg = self.cfg
+    loss_fn = functools.partial(reward_loss, model_cfg=self.model_cfg, center_coef=cfg.train.center_coef,
+                                process=cfg.process, dpo=cfg.dpo if cfg.dpo_run else None)
+    norms_fn = process_norm if cfg.process else pair_norm
+    spec = LearnSpec(loss_fn=loss_fn, norms_fn=norms_fn, groups=(Group(MODEL, self.tx),),
+                     n_micro=cfg.train.batch_size // self.micro_batch_size,
+                     report=lambda out: {"loss": out.loss, "stats": out.sums, "grad_norm": out.grad_norm[MODEL],
+                                         "skipped": out.skipped[MODEL]})
     ref_sh = jax.tree.map(lambda a: a.sharding, self.ref_params)
-    opt_sh = jax.tree.map(lambda a: a.sharding, state.opt_state)
-    step_sh = state.step.sharding
-    batch_sh, rows1 = self.batch_shardings, self.rows1
+    slots = {MODEL: Slot(state.trees(), state.opt_state)}
+    self.learner = make_learner(spec, slots, {MODEL: None}, (self.batch_shardings, self.rows1),
+                                aux_sharding=ref_sh)
 
-    def objective(trees, batch, weight_B, ref):
-      """(L, (L as a WeightedSum, the batch's stats)) of the configured objective."""
-      params, head = trees["params"], trees[HEAD_KEY]
-      if dpo is not None:
-        loss, stats = dpo_objective(params, ref, model_cfg, batch, weight_B, dpo)
-      elif process:  # process.py: a score at every token, the loss and stats at the step ends
-        tokens_BT, mask_BT, label_BT, step_BT = batch
-        s_BT = token_scores(params, head, model_cfg, tokens_BT, mask_BT)
-        loss = process_lib.process_bce_loss(s_BT, label_BT, step_BT, weight_B)
-        stats = process_lib.step_stats(jax.lax.stop_gradient(s_BT), label_BT, step_BT, weight_B)
-      else:  # loss.py: a score per sequence, chosen (slot 0) against rejected (slot 1)
-        tokens_B2T, mask_B2T, margin_B, _ = batch
-        B, _, T = tokens_B2T.shape
-        r_B2 = reward_scores(params, head, model_cfg, tokens_B2T.reshape(2 * B, T),
-                             mask_B2T.reshape(2 * B, T)).reshape(B, 2)
-        loss = bradley_terry_loss(r_B2[:, 0], r_B2[:, 1], margin_B, weight_B, center_coef=coef)
-        r_B2 = jax.lax.stop_gradient(r_B2)
-        stats = pair_stats(r_B2[:, 0], r_B2[:, 1], weight_B)
-      return loss.value(), (loss, stats)
+    @functools.partial(jax.jit, in_shardings=(jax.tree.map(lambda a: a.sharding, state.trees()),
+                                              (self.batch_shardings, self.rows1), ref_sh))
+    def eval_step(trees, batch, ref):
+      out = loss_fn({MODEL: trees}, batch, ref, norms_fn(batch))
+      return out.loss, out.sums
 
-    @functools.partial(jax.jit, in_shardings=(tree_sh, opt_sh, step_sh, batch_sh, rows1, ref_sh),
-                       out_shardings=(tree_sh, opt_sh, step_sh, None), donate_argnums=(0, 1))
-    def train_step(trees, opt_state, step, batch, weight_B, ref):
-      # trees and opt_state are donated: the old copies are dead after the update (ref is not: it stays).
-      (value, (loss, stats)), grads = jax.value_and_grad(objective, has_aux=True)(trees, batch, weight_B, ref)
-      trees, opt_state, grad_norm, skipped = guarded_update(tx, grads, opt_state, trees, value)
-      out = {"loss": loss, "stats": stats, "grad_norm": grad_norm, "skipped": skipped}
-      return trees, opt_state, step + 1, out
-
-    @functools.partial(jax.jit, in_shardings=(tree_sh, batch_sh, rows1, ref_sh))
-    def eval_step(trees, batch, weight_B, ref):
-      _, (loss, stats) = objective(trees, batch, weight_B, ref)
-      return loss, stats
-
-    self.train_step, self.eval_step = train_step, eval_step
+    self.eval_step = eval_step
 
   def _device_batch(self, arrays, weight_B: np.ndarray):
     """(the arrays of `arrays` on the mesh, weight_B on the mesh)."""
@@ -289,7 +307,7 @@ class RewardModelRun:
       weight = (idx < len(arrays)).astype(np.float32)
       batch = arrays.take(np.where(idx < len(arrays), idx, 0))
       with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # the attention and vocabulary kernels
-        loss, s = self.eval_step(state.trees(), *self._device_batch(batch, weight), self.ref_params)
+        loss, s = self.eval_step(state.trees(), self._device_batch(batch, weight), self.ref_params)
       loss_num, loss_den = loss_num + float(loss.numerator), loss_den + float(loss.denominator)
       stats = s if stats is None else stats + s
     return {"loss": loss_num / max(loss_den, 1.0), **self._summary(stats), "n": len(arrays)}
@@ -305,9 +323,11 @@ class RewardModelRun:
     rows = batch_rows(len(self.data.train), self.cfg.train.batch_size, self.cfg.seed, step)
     batch = self._device_batch(self.data.train.take(rows), np.ones(len(rows), np.float32))
     with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # as the RL step: kernels see the mesh
-      trees, opt_state, new_step, out = self.train_step(state.trees(), state.opt_state, state.step, *batch,
-                                                        self.ref_params)
-    state = state.replace(params=trees["params"], reward_head=trees[HEAD_KEY], opt_state=opt_state, step=new_step)
+      slots, out = self.learner.apply({MODEL: Slot(state.trees(), state.opt_state)}, {MODEL: None}, batch,
+                                      self.ref_params)
+    trees = slots[MODEL].params
+    state = state.replace(params=trees["params"], reward_head=trees[HEAD_KEY], opt_state=slots[MODEL].opt_state,
+                          step=state.step + 1)
     s = self._summary(out["stats"])
     metrics = {"train/loss": float(out["loss"].value()), **{f"train/{k}": v for k, v in s.items()},
                "update/grad_norm": float(out["grad_norm"]), "update/skipped_nonfinite": float(out["skipped"]),

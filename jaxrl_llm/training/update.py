@@ -1,11 +1,13 @@
-"""One optimizer update on a mini-batch: micro-batched, exact, guarded.
+"""The RL update: the policy loss of one micro-batch as a loss of the learner (learn/learner.py).
 
-The mini-batch's normalisers (`batch_norms`) are computed once and passed to
-every micro-batch, so each micro-batch's loss numerator is its exact share of
-the mini-batch loss and the summed gradient equals the full-batch gradient
-under every aggregation mode (objectives/aggregation.py). Micro-batches run
-in a `lax.scan` that accumulates gradients and metric (numerator,
-denominator) pairs; the loss is sum(numerators) / sum(denominators).
+`rl_loss` is the master equation's loss (objectives/), PPO's value loss and
+the extensions' terms on one micro-batch; the learner runs it micro-batched
+and exact, guarded and donated. The mini-batch's normalisers (`rl_norms`,
+objectives' `batch_norms`) are computed once and passed to every
+micro-batch, so each micro-batch's loss numerator is its exact share of the
+mini-batch loss and the summed gradient equals the full-batch gradient
+under every aggregation mode (objectives/aggregation.py); the loss is
+sum(numerators) / sum(denominators).
 
 Extra per-token loss terms (a teacher's, say) plug in through `extra_terms`:
 callables `fn(ctx) -> WeightedSum` over a `LossContext`, added to the loss
@@ -22,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,12 +31,13 @@ from flax import struct
 
 from jaxrl_llm import faults
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.learn.learner import (POLICY, Group, LearnSpec, Learner, LossOut, Slot, StepOut, learn_step,
+                                     make_learner)
 from jaxrl_llm import objectives as obj_lib
 from jaxrl_llm.model import lora
 from jaxrl_llm.model.heads import value_head
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
 from jaxrl_llm.model.logprobs import response_hidden
-from jaxrl_llm.training.optim import guarded_update
 from jaxrl_llm.training.vocab_terms import vocab_terms
 
 
@@ -52,6 +54,8 @@ class LossContext:
 
 
 ExtraTerm = Callable[[LossContext], obj_lib.WeightedSum]
+
+VALUE = "value"  # the learner's group of PPO's value head (the policy's: learn.learner.POLICY)
 
 
 @struct.dataclass
@@ -128,149 +132,100 @@ def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateS
   return num, (total, metrics, extrema, pl.counts, pl.tokens.arrays())
 
 
-def _split_micro(batch: TrainBatch, n_micro: int) -> TrainBatch:
-  return jax.tree.map(lambda x: x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:]), batch)
+def rl_loss(trees: dict, mb: TrainBatch, aux: dict, norms, *, spec: UpdateSpec) -> LossOut:
+  """The RL update's loss on one micro-batch, a `LossFn` of the learner (learn/learner.py): the
+  policy loss, PPO's value loss and the extensions' terms; rows: the policy loss's per-token factors."""
+  num, (total, metrics, extrema, counts, tokens) = _micro_loss(trees[POLICY], trees[VALUE], mb, aux, norms, spec)
+  return LossOut(objective=num, loss=total, sums=(metrics, counts), extrema=extrema, rows=tokens)
 
 
-def _combine_extrema(a: dict, b: dict) -> dict:
-  return {k: (jnp.minimum if k.endswith("_min") else jnp.maximum)(a[k], b[k]) for k in a}
+def rl_norms(batch: TrainBatch, *, spec: UpdateSpec) -> obj_lib.BatchNorms:
+  """The mini-batch's normalisers (objectives/aggregation.py), passed to every micro-batch."""
+  group = spec.group_size if spec.objective.aggregation == "group_token_mean" else 1
+  return obj_lib.batch_norms(batch.mask_BR, group, spec.objective)
 
 
-def _update(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx):
-  """The update and the loss's per-token factors ({name: [mini, R]}, rows in batch order)."""
-  opt_state, vparams, vopt_state = state.opt_state, state.value_params, state.value_opt_state
-  # What trains: the whole model, or a LoRA model's adapters (model/lora.py), the frozen base a constant here.
-  params, frozen = lora.partition(state.params)
-  norms = obj_lib.batch_norms(batch.mask_BR, spec.group_size if spec.objective.aggregation ==
-                              "group_token_mean" else 1, spec.objective)
-  grad_fn = jax.grad(lambda p, *args: _micro_loss(lora.join(p, frozen), *args), argnums=(0, 1), has_aux=True)
-  micro = _split_micro(batch, spec.n_micro)
-
-  def body(carry, mb):
-    g_acc, out_acc = carry
-    (g, vg), out = grad_fn(params, vparams, mb, aux, norms, spec)
-    g_acc = jax.tree.map(jnp.add, g_acc, (g, vg))
-    total, metrics, extrema, counts, tokens = out
-    a_total, a_metrics, a_extrema, a_counts = out_acc
-    out_acc = (a_total + total, jax.tree.map(jnp.add, a_metrics, metrics), _combine_extrema(a_extrema, extrema),
-               jax.tree.map(jnp.add, a_counts, counts))
-    return (g_acc, out_acc), tokens
-
-  zeros = jax.tree.map(jnp.zeros_like, (params, vparams))
-  # First micro-batch outside the scan gives the metrics' structure to accumulate into.
-  first = jax.tree.map(lambda x: x[0], micro)
-  (g0, vg0), out0 = grad_fn(params, vparams, first, aux, norms, spec)
-  tokens = out0[-1]
-  carry = (jax.tree.map(jnp.add, zeros, (g0, vg0)), out0[:-1])
-  if spec.n_micro > 1:
-    rest = jax.tree.map(lambda x: x[1:], micro)
-    carry, rest_tokens = jax.lax.scan(body, carry, rest)
-    tokens = jax.tree.map(lambda a, b: jnp.concatenate([a, b.reshape((-1,) + b.shape[2:])]), tokens, rest_tokens)
-  (grads, vgrads), (total, metrics, extrema, counts) = carry
-
-  loss = total.value()
-  if faults.traced("grad_nan"):  # the reliability matrix: non-finite gradients in every update
-    grads = jax.tree.map(lambda g: g * jnp.nan, grads)
-  params, opt_state, grad_norm, skipped = guarded_update(tx, grads, opt_state, params, loss)
+def rl_report(out: StepOut, *, spec: UpdateSpec) -> dict:
+  """The update's metrics: the loss's terms, extrema and counts, the total loss and the gradient norms."""
+  metrics, counts = out.sums
+  report = {k: v.value() for k, v in metrics.items()}
+  report.update(out.extrema)
+  report.update({f"count/{k}": v for k, v in counts.items()})
+  report["loss/total"] = out.loss.value()
+  report["grad/norm"] = out.grad_norm[POLICY]
+  report["update/skipped_nonfinite"] = out.skipped[POLICY]
   if spec.use_value:
-    vparams, vopt_state, vgrad_norm, vskipped = guarded_update(vtx, vgrads, vopt_state, vparams, loss)
-  out = {k: v.value() for k, v in metrics.items()}
-  out.update(extrema)
-  out.update({f"count/{k}": v for k, v in counts.items()})
-  out["loss/total"] = loss
-  out["grad/norm"] = grad_norm
-  out["update/skipped_nonfinite"] = skipped
-  if spec.use_value:
-    out["grad/value_norm"] = vgrad_norm
-  new = UpdateState(params=lora.join(params, frozen), opt_state=opt_state, value_params=vparams,
-                    value_opt_state=vopt_state)
-  return new, out, tokens
+    report["grad/value_norm"] = out.grad_norm[VALUE]
+  return report
+
+
+def learn_spec(spec: UpdateSpec, tx, vtx) -> LearnSpec:
+  """The RL update as the learner's step: the policy (a LoRA model's adapters) and the value head."""
+  return LearnSpec(loss_fn=functools.partial(rl_loss, spec=spec), norms_fn=functools.partial(rl_norms, spec=spec),
+                   groups=(Group(POLICY, tx, lora=True), Group(VALUE, vtx, update=spec.use_value)),
+                   n_micro=spec.n_micro, report=functools.partial(rl_report, spec=spec), grad_fault="grad_nan")
+
+
+def _slots(state: UpdateState) -> tuple[dict, dict]:
+  trainable, frozen = lora.partition(state.params)
+  return ({POLICY: Slot(trainable, state.opt_state), VALUE: Slot(state.value_params, state.value_opt_state)},
+          {POLICY: frozen, VALUE: None})
+
+
+def _state(slots: dict, frozen: dict) -> UpdateState:
+  return UpdateState(params=lora.join(slots[POLICY].params, frozen[POLICY]), opt_state=slots[POLICY].opt_state,
+                     value_params=slots[VALUE].params, value_opt_state=slots[VALUE].opt_state)
 
 
 def update_step(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx
                 ) -> tuple[UpdateState, dict]:
-  """One optimizer update on a mini-batch: -> (the new state, metrics).
+  """One optimizer update on a mini-batch: -> (the new state, metrics) (unjitted; `Updater.apply` jits it).
 
   aux: name -> array, inputs without a batch axis, the same for every
   micro-batch (`LossContext.aux`); AUX_BEHAV_HEAD for TRM.
   """
-  new, metrics, _ = _update(state, batch, aux, spec=spec, tx=tx, vtx=vtx)
-  return new, metrics
-
-
-def update_step_with_factors(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: UpdateSpec, tx, vtx
-                             ) -> tuple[UpdateState, dict, dict]:
-  """`update_step` that also returns the policy loss's per-token factors:
-  -> (state, metrics, factors), factors = `TokenFactors.arrays()` of every
-  micro-batch, {name: [mini-batch rows, R]} in the mini-batch's row order. The
-  same update: the token-weight dump's steps run it (training/dump.py)."""
-  return _update(state, batch, aux, spec=spec, tx=tx, vtx=vtx)
+  slots, frozen = _slots(state)
+  new, metrics, _ = learn_step(slots, frozen, batch, aux, spec=learn_spec(spec, tx, vtx))
+  return _state(new, frozen), metrics
 
 
 @dataclasses.dataclass(frozen=True)
 class Updater:
-  """A run's update, compiled once here: `apply` is `update_step` under `jax.jit` with the state's
-  shardings, `apply_with_factors` the token-weight dump's variant (compiled at its first call)."""
+  """A run's update: the learner's step (learn/learner.py) with the RL loss, compiled once for the
+  state's shardings; `apply_with_factors` the token-weight dump's variant, which also returns the
+  policy loss's per-token factors (`TokenFactors.arrays()`, {name: [mini-batch rows, R]} in row order)."""
 
   spec: UpdateSpec
-  tx: Any  # optax transformation of the policy params
-  vtx: Any  # optax transformation of the value head
-  state_shardings: UpdateState  # the sharding of every leaf of the state (in and out), params: lora.trainable's
-  frozen_shardings: dict | None  # a LoRA model's frozen base's (lora.partition), else None
-  batch_sharding: jax.sharding.NamedSharding  # the mini-batch's rows over data x fsdp
-  replicated: jax.sharding.NamedSharding  # metrics
-
-  # A LoRA model's frozen base is an argument of its own, not donated: snapshots (the staleness
-  # buffer, the KL reference) share it with the state (training/context.snapshot), and a donated
-  # buffer is gone after the call. The rest of the state is donated: the update replaces it.
-  def _jit(self, fn, extra_out=()):
-    def run(state, frozen, batch, aux):
-      out = fn(state.replace(params=lora.join(state.params, frozen)), batch, aux, spec=self.spec, tx=self.tx,
-               vtx=self.vtx)
-      return (out[0].replace(params=lora.partition(out[0].params)[0]),) + tuple(out[1:])
-    return jax.jit(run, in_shardings=(self.state_shardings, self.frozen_shardings, self.batch_sharding, None),
-                   out_shardings=(self.state_shardings, self.replicated) + extra_out, donate_argnums=(0,))
-
-  @functools.cached_property
-  def _apply(self):
-    # `aux` (step.update_aux) is not donated (the step's updates share it) and keeps the placement
-    # update_aux gave it (None).
-    return self._jit(update_step)
-
-  @functools.cached_property
-  def _apply_with_factors(self):
-    # The per-token factors keep the mini-batch's row axis, sharded like the batch.
-    return self._jit(update_step_with_factors, (self.batch_sharding,))
-
-  def _call(self, fn, state: UpdateState, batch: TrainBatch, aux: dict):
-    trainable, frozen = lora.partition(state.params)
-    out = fn(state.replace(params=trainable), frozen, batch, aux)
-    return (out[0].replace(params=lora.join(out[0].params, frozen)),) + tuple(out[1:])
+  learner: Learner
 
   def apply(self, state: UpdateState, batch: TrainBatch, aux: dict) -> tuple[UpdateState, dict]:
-    """`update_step` on one mini-batch (placed with `batch_sharding`); donates `state` (but a
-    LoRA model's frozen base)."""
-    return self._call(self._apply, state, batch, aux)
+    """One update on one mini-batch (placed with the learner's batch sharding); donates `state` (but a
+    LoRA model's frozen base). aux (step.update_aux) is not donated: the step's updates share it."""
+    slots, frozen = _slots(state)
+    new, metrics = self.learner.apply(slots, frozen, batch, aux)
+    return _state(new, frozen), metrics
 
   def apply_with_factors(self, state: UpdateState, batch: TrainBatch, aux: dict) -> tuple[UpdateState, dict, dict]:
-    """`update_step_with_factors` on one mini-batch; donates `state` (but a LoRA model's frozen base)."""
-    return self._call(self._apply_with_factors, state, batch, aux)
+    """`apply` that also returns the per-token factors; donates `state` (but a LoRA model's frozen base)."""
+    slots, frozen = _slots(state)
+    new, metrics, factors = self.learner.apply_with_rows(slots, frozen, batch, aux)
+    return _state(new, frozen), metrics, factors
 
   def lower(self, state: UpdateState, batch: TrainBatch, aux: dict):
     """`apply`'s program lowered for these arguments (their shapes and shardings): `.compile()` gives
     its HLO, memory and cost analyses."""
-    trainable, frozen = lora.partition(state.params)
-    return self._apply.lower(state.replace(params=trainable), frozen, batch, aux)
+    return self.learner.lower(*_slots(state), batch, aux)
 
   def compiled_count(self) -> int:
     """How many programs `apply` has compiled (1 for a run whose mini-batches share one shape)."""
-    return self._apply._cache_size()  # pylint: disable=protected-access
+    return self.learner.compiled_count()
 
 
 def make_updater(spec: UpdateSpec, tx, vtx, state: UpdateState, batch_sharding, replicated) -> Updater:
   """The `Updater` of `spec` for a state placed like `state` (its arrays' shardings)."""
-  trainable, frozen = lora.partition(state.params)
-  shardings = jax.tree.map(lambda a: a.sharding, state.replace(params=trainable))
-  return Updater(spec=spec, tx=tx, vtx=vtx, state_shardings=shardings,
-                 frozen_shardings=jax.tree.map(lambda a: a.sharding, frozen), batch_sharding=batch_sharding,
-                 replicated=replicated)
+  slots, frozen = _slots(state)
+  # The per-token factors keep the mini-batch's row axis, sharded like the batch; aux keeps the
+  # placement update_aux gave it.
+  learner = make_learner(learn_spec(spec, tx, vtx), slots, frozen, batch_sharding, report_sharding=replicated,
+                         rows_sharding=batch_sharding)
+  return Updater(spec=spec, learner=learner)

@@ -48,7 +48,7 @@ from jaxrl_llm.model.logprobs import vocab_ops  # noqa: E402
 from jaxrl_llm.model.sharding import MeshConfig, batch_sharding, make_mesh, param_shardings, replicated  # noqa: E402
 from jaxrl_llm.objectives import get_preset  # noqa: E402
 from jaxrl_llm.training.batch import TrainBatch  # noqa: E402
-from jaxrl_llm.training.optim import adamw  # noqa: E402
+from jaxrl_llm.learn.optim import adamw  # noqa: E402
 from jaxrl_llm.training.update import UpdateSpec, UpdateState, make_updater  # noqa: E402
 
 MIB = 1 << 20

@@ -265,7 +265,7 @@ def test_a_program_the_compiler_refuses_is_a_misfit_not_a_crash():
   assert r.error == "XLA:TPU ran out of HBM compiling it" and not r.fits and not step["fits"]
   assert r.memory["temp"] > 100 * 2**30  # the compiler's own figure, far above the chip's 16 GB
   (line,) = report.misfits(reports, head)
-  assert line.startswith("sft does not fit on v5e:2x2: needs at least ") and "lower sft.batch_size" in line
+  assert line.startswith("sft does not fit on v5e:2x2: needs at least ") and "set sft.micro_batch_size" in line
   assert analysis.out_of_hbm("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
                              "temporaries (113.31G) exceeds available HBM (31.25G).") == (
                                  int(113.31 * 2**30), int(31.25 * 2**30))

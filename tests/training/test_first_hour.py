@@ -135,7 +135,7 @@ def test_equal_rewards_warn(tmp_path):
 # ---- 6 and 9. the logged learning rate; a run of zero RL steps --------------------------------
 
 def test_warmup_schedule_first_update_moves():
-  from jaxrl_llm.training.optim import warmup_schedule  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.learn.optim import warmup_schedule  # pylint: disable=import-outside-toplevel
   # No warm-up: update 0 is at the configured rate (it was 0: the first update of every run a no-op).
   assert [float(warmup_schedule(1e-3, 0)(k)) for k in range(3)] == pytest.approx([1e-3] * 3, rel=1e-6)
   # Warm-up over 4 updates: lr_k = 1e-3 * (k + 1) / 4, at peak from update 3 on.
