@@ -126,6 +126,7 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
 
   from jaxrl_llm.checkpointing import CheckpointManager  # pylint: disable=import-outside-toplevel
   from jaxrl_llm.checkpointing.init import checkpoint_dir  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.model.build import make_model  # pylint: disable=import-outside-toplevel
   from jaxrl_llm.training import setup  # pylint: disable=import-outside-toplevel
   for k in ks:
     if not 1 <= k <= n_samples:
@@ -136,7 +137,7 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
   runner = setup.make_reward_runner(data.cfg, data.task)
   # The restore target: the params' shapes and shardings (as the trainer initialises them, same key).
   k_model = jax.random.split(jax.random.key(cfg.seed), 3)[0]
-  model_cfg, target = setup.make_model(data.cfg, data.tokenizer, data.mesh, k_model)
+  model_cfg, target = make_model(data.cfg.model, data.tokenizer, data.mesh, k_model)
   from jaxrl_llm.training.episodes import episode_player  # pylint: disable=import-outside-toplevel
 
   episodes = episode_player(data.cfg, data.task, data.tokenizer)  # a run with an environment: its episodes

@@ -223,3 +223,11 @@ def make_learner(spec: LearnSpec, slots: dict, frozen: dict, batch_sharding, *, 
   sh = lambda tree: jax.tree.map(lambda a: a.sharding, tree)  # noqa: E731
   return Learner(spec=spec, slot_shardings=sh(slots), frozen_shardings=sh(frozen), batch_sharding=batch_sharding,
                  aux_sharding=aux_sharding, report_sharding=report_sharding, rows_sharding=rows_sharding)
+
+
+def snapshot(params):
+  """A copy of what the update changes (the update donates it, a snapshot must outlive it): the
+  params, or a LoRA model's adapters beside the same frozen base arrays (model/lora.py; the update
+  never donates those), so a LoRA run's KL reference and staleness buffer hold no second base."""
+  trainable, frozen = lora.partition(params)
+  return lora.join(jax.tree.map(jnp.copy, trainable), frozen)

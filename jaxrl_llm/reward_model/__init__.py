@@ -13,5 +13,5 @@ reward model). The same pairs also train the policy directly: Direct Preference 
   export.py   a Hugging Face <Family>ForSequenceClassification folder (a PRM: ...ForTokenClassification)
   config.py   the run's config sections, DPO's `dpo` among them (keys and defaults: defaults.py)
 
-The training loop is training/reward_loop.py; `python -m jaxrl_llm.reward_model` runs it.
+The training loop is reward_model/trainer.py; `python -m jaxrl_llm.reward_model` runs it.
 """

@@ -3,7 +3,7 @@
 
 Trains a reward model from preference pairs, a process reward model from stepwise labels
 (config.objective="process"), or the policy itself from the pairs by Direct Preference Optimization
-(config.objective="dpo", `--config=configs/dpo.py`; training/reward_loop.py): the
+(config.objective="dpo", `--config=configs/dpo.py`; reward_model/trainer.py): the
 config is validated and every pair read before any workdir exists; a bad
 value or row ends with one `error:` line and exit status 2. The run ends
 with <workdir>/summary.json and, with `export`, <workdir>/hf.
@@ -33,7 +33,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
   from jaxrl_llm.model.distributed import single_process_only
   from jaxrl_llm.reward_model.config import reward_config_from_dict
-  from jaxrl_llm.training.reward_loop import RewardModelRun
+  from jaxrl_llm.reward_model.trainer import RewardModelRun
 
   single_process_only("python -m jaxrl_llm.reward_model")
   if _CONFIG.value is None:

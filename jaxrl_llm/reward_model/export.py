@@ -42,7 +42,7 @@ TOKEN_CLS_ARCHITECTURES = {"llama": "LlamaForTokenClassification", "qwen2": "Qwe
 
 
 def check_exportable(cfg, data) -> None:
-  """A ConfigError before the run when config.export cannot be honoured (reward_loop.RewardData `data`)."""
+  """A ConfigError before the run when config.export cannot be honoured (trainer.RewardData `data`)."""
   if cfg.process:
     family = _family(cfg)
     if family is not None and family not in TOKEN_CLS_ARCHITECTURES:

@@ -16,9 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from jaxrl_llm.model import lora
 from jaxrl_llm.model import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.engine import RolloutEngine
@@ -49,11 +47,3 @@ class StepContext:
   def updates_done(self, state) -> int:
     """Optimizer updates taken before `state`'s next step."""
     return int(state.step) * self.cfg.train.epochs * self.cfg.train.mini_batches
-
-
-def snapshot(params):
-  """A copy of what the update changes (the update donates it, a snapshot must outlive it): the
-  params, or a LoRA model's adapters beside the same frozen base arrays (model/lora.py; the update
-  never donates those), so a LoRA run's KL reference and staleness buffer hold no second base."""
-  trainable, frozen = lora.partition(params)
-  return lora.join(jax.tree.map(jnp.copy, trainable), frozen)

@@ -37,7 +37,9 @@ from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training import provenance, setup
 from jaxrl_llm.training.async_rollout import AsyncRollouts
 from jaxrl_llm.training.config import RunConfig
-from jaxrl_llm.training.context import StepContext, snapshot
+from jaxrl_llm.learn.learner import snapshot
+from jaxrl_llm.model.build import make_model
+from jaxrl_llm.training.context import StepContext
 from jaxrl_llm.training.episodes import EpisodeEngine, episode_player
 from jaxrl_llm.training.evaluation import Evaluator
 from jaxrl_llm.training.extensions import extensions_for
@@ -153,7 +155,7 @@ class Trainer:
 
   def init_state(self, key) -> TrainState:
     k_model, k_value, k_run = jax.random.split(key, 3)
-    self.model_cfg, params = setup.make_model(self.cfg, self.tokenizer, self.mesh, k_model)
+    self.model_cfg, params = make_model(self.cfg.model, self.tokenizer, self.mesh, k_model)
     replicated = sharding_lib.replicated(self.mesh)
     vparams = sharding_lib.put(init_value_head(self.model_cfg.d_model, k_value), replicated)
     # Step and key live replicated on the mesh like every other leaf, so a

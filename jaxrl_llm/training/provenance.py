@@ -1,63 +1,16 @@
-"""A workdir's config: what a run resumes with, and a record of what changed.
-
-A workdir with checkpoints resumes when the same command runs again. A new
-config that differs from the saved `config.json` in anything that changes
-the result (the method, a knob, the data, the schedule) is refused, naming
-the keys, unless the run is told to continue with it (`--allow_config_change`);
-then the change is appended to `config_history.jsonl` beside `config.json`,
-which holds the config the run continues with.
-
-A config.json written before a key was renamed (checks.py's `RENAMED_KEYS`) is read
-with its keys moved to their new names (`upgrade`), and a key added since at its
-default (`complete`), so an old workdir still resumes and evaluates, and is compared
-and rewritten in the current layout.
-"""
+"""The RL run's config record: checkpointing/provenance.py with the run config's defaults
+(training/defaults.py), which keep what a workdir written before a key existed computed."""
 
 from __future__ import annotations
 
-import copy
-import json
-import os
-import time
-
-from jaxrl_llm.checks import RENAMED_KEYS, ConfigError
-from jaxrl_llm.model import distributed
-
-CONFIG_FILE = "config.json"
-HISTORY_FILE = "config_history.jsonl"
-# Keys (or section prefixes) that do not change what the run computes: where it
-# logs, how often it saves or evaluates, how many processes score rewards, which
-# steps it dumps (a dumped step's update is the same, tests/training/test_dump_inspect.py).
-RESULT_NEUTRAL = ("name", "workdir_root", "log.progress", "log.every", "log.dump_steps", "data.reward_workers",
-                  "eval.every", "checkpoint.", "rollout.overlap",  # overlap: when batches are made, not what they are
-                  # whether a sync is verified, and how long it may take: a step passes or fails, never differs
-                  "rollout.server.sync_check", "rollout.server.sync_check_tol", "rollout.server.sync_timeout_s")
-
-
-def upgrade(saved: dict) -> dict:
-  """A saved config (config.json's dict) with every renamed key moved to its new place; the rest as is."""
-  out = copy.deepcopy(saved)
-  for old, new in RENAMED_KEYS.items():
-    *parents, leaf = old.split(".")
-    node = out
-    for p in parents:
-      node = node.get(p) if isinstance(node, dict) else None
-    if not isinstance(node, dict) or leaf not in node:
-      continue
-    value = node.pop(leaf)
-    *parents, leaf = new.split(".")
-    node = out
-    for p in parents:
-      node = node.setdefault(p, {})
-    node.setdefault(leaf, value)
-  return out
+from jaxrl_llm.checkpointing import provenance as _provenance
+from jaxrl_llm.checkpointing.provenance import (CONFIG_FILE, HISTORY_FILE, RESULT_NEUTRAL, flatten,  # noqa: F401
+                                                plain_config, upgrade)
 
 
 def complete(saved: dict) -> dict:
-  """`upgrade(saved)` with every key it lacks (a workdir written before the key existed) added at
-  its default (training/defaults.py), the value that keeps what the run computed: what a saved
-  config.json is read as (`python -m jaxrl_llm.evaluate`). The defaults are declared there only, so
-  a section's dataclass has none of its own."""
+  """A saved config.json's dict with renamed keys moved and every key it lacks at its default
+  (`fill_defaults`): what `python -m jaxrl_llm.evaluate` reads a workdir's config as."""
   from jaxrl_llm.training.defaults import get_config
 
   out = upgrade(saved)
@@ -65,35 +18,10 @@ def complete(saved: dict) -> dict:
     defaults = get_config(out.get("method", "gspo")).to_dict()
   except Exception:  # noqa: BLE001 - an unknown method: from_config_dict names it
     return out
-
-  def fill(node: dict, default: dict) -> None:
-    for k, v in default.items():
-      if k not in node:
-        node[k] = copy.deepcopy(v)
-      elif isinstance(v, dict) and isinstance(node[k], dict) and k != "objective":  # a preset's knobs are complete
-        fill(node[k], v)
-
-  fill(out, defaults)
-  return out
+  return _provenance.fill_defaults(out, defaults)
 
 
-def flatten(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    key = f"{prefix}{k}"
-    if isinstance(v, dict):
-      out.update(flatten(v, key + "."))
-    else:
-      out[key] = v
-  return out
-
-
-def plain_config(cfg) -> dict:
-  """The RunConfig as the JSON that config.json holds."""
-  return json.loads(json.dumps(cfg.to_dict(), default=str))
-
-
-def _defaults(method) -> dict:
+def run_defaults(method) -> dict:
   """The flattened default config of `method` (training/defaults.py), {} if it has none."""
   from jaxrl_llm.training.config import from_config_dict
   from jaxrl_llm.training.defaults import get_config
@@ -105,46 +33,11 @@ def _defaults(method) -> dict:
 
 
 def result_changes(old: dict, new: dict) -> dict[str, tuple]:
-  """{key: (old, new)} for every key whose change changes the result.
-
-  A key that the saved config lacks (a workdir written before the key
-  existed) and that the new config holds at its default is no change: every
-  key is added with the default that keeps what runs computed before it. A
-  renamed key of `old` is compared under its new name (`upgrade`)."""
-  a, b = flatten(upgrade(old)), flatten(new)
-  defaults = _defaults(b.get("method")) if set(b) - set(a) else {}
-  out = {}
-  for key in sorted(set(a) | set(b)):
-    if any(key == n or (n.endswith(".") and key.startswith(n)) for n in RESULT_NEUTRAL):
-      continue
-    if key not in a and key in defaults and b[key] == defaults[key]:
-      continue
-    if a.get(key, "<absent>") != b.get(key, "<absent>"):
-      out[key] = (a.get(key, "<absent>"), b.get(key, "<absent>"))
-  return out
+  """`config_changes` of two RL configs: {key: (old, new)} for every key whose change changes the result."""
+  return _provenance.config_changes(old, new, lambda: run_defaults(new.get("method")))
 
 
 def check_and_record(workdir: str, cfg, *, resuming: bool, allow_change: bool, log) -> None:
-  """Before a run writes its config.json: refuse a resume with another config, or record the change."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  new = plain_config(cfg)
-  if resuming and os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
-    changes = result_changes(old, new)
-    if changes:
-      listed = "; ".join(f"{k}: {o!r} -> {n!r}" for k, (o, n) in list(changes.items())[:12])
-      more = f" (and {len(changes) - 12} more)" if len(changes) > 12 else ""
-      if not allow_change:
-        raise ConfigError(f"workdir {workdir!r} holds a run of another config, which this command would resume "
-                          f"and change: {listed}{more}. Rerun with the saved config, choose another --workdir, "
-                          f"or pass --allow_config_change to continue with the new one (recorded in {HISTORY_FILE})")
-      if distributed.is_primary():
-        with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
-          f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
-      log(f"config changed on resume (allowed): {listed}{more}")
-  distributed.barrier("provenance_read")  # every process has read the old config.json before it is replaced
-  if distributed.is_primary():
-    with open(path, "w") as f:
-      json.dump(new, f, indent=2)
+  """`record_config` of an RL run: refuse a resume with another config, or record the change."""
+  _provenance.record_config(workdir, cfg, resuming=resuming, allow_change=allow_change, log=log,
+                            defaults=lambda: run_defaults(cfg.method))

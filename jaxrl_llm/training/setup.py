@@ -1,6 +1,6 @@
-"""Building what a run needs from its RunConfig: the mesh, tokenizer and examples (`run_data`),
-the reward runner, the model config and params on the mesh (tokenizers: model/tokenizer.py;
-tasks: tasks/registry.py)."""
+"""Building what a run needs from its RunConfig: the mesh, tokenizer and examples (`run_data`) and
+the reward runner (tokenizers: model/tokenizer.py; tasks: tasks/registry.py; the model config and
+params on the mesh: model/build.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 import jax
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model import lora
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.tokenizer import check_hf_dir, make_tokenizer
 from jaxrl_llm.tasks import registry
@@ -24,27 +23,6 @@ def make_reward_runner(cfg, task) -> RewardRunner:
   fn, fmt = registry.reward_fns(cfg.data.reward, task)
   return RewardRunner(fn, fmt, format_weight=cfg.data.format_weight, timeout_s=cfg.data.reward_timeout_s,
                       workers=cfg.data.reward_workers)
-
-
-def make_model(cfg, tokenizer, mesh, key):
-  """-> (model_cfg, params placed on the mesh); with `model.lora.rank`, the adapters attached
-  (model/lora.py) and the base quantised as `model.lora.quant` says."""
-  m = cfg.model
-  lora_cfg = m.lora if m.lora.active else None
-  if m.hf_path:
-    from jaxrl_llm.model.hf_io import load_hf
-
-    params, model_cfg = load_hf(
-        m.hf_path, shardings=lambda c: sharding_lib.param_shardings(c, mesh),
-        param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat_policy,
-        attention_impl=m.attention_impl)
-    if lora_cfg is None:
-      return model_cfg, params
-    model_cfg = model_cfg.replace(lora=lora_cfg)
-    shardings = sharding_lib.param_shardings(model_cfg, mesh)
-    return model_cfg, jax.jit(lora.attach, static_argnums=1, out_shardings=shardings, donate_argnums=0)(params, model_cfg, key)
-  model_cfg = m.build(tokenizer.vocab_size).replace(lora=lora_cfg)
-  return model_cfg, sharding_lib.init_sharded_params(model_cfg, key, mesh)
 
 
 @dataclasses.dataclass(frozen=True)

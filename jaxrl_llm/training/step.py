@@ -27,7 +27,8 @@ from jaxrl_llm.sampling.mismatch import mismatch_metrics
 from jaxrl_llm.training import dump as dump_lib
 from jaxrl_llm.training import kl_controller
 from jaxrl_llm.training.batch import TrainBatch
-from jaxrl_llm.training.context import StepContext, snapshot
+from jaxrl_llm.learn.learner import snapshot
+from jaxrl_llm.training.context import StepContext
 from jaxrl_llm.training.episodes import episode_metrics
 from jaxrl_llm.training.metrics import mean_over_updates
 from jaxrl_llm.training.pack import balanced_order, fill as pack_fill

@@ -10,9 +10,10 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.reward_model.config import reward_config_from_dict
 from jaxrl_llm.reward_model.defaults import reward_model_config
 from jaxrl_llm.training.config import from_config_dict
-from jaxrl_llm.training.setup import make_model, run_data
+from jaxrl_llm.model.build import make_model
+from jaxrl_llm.training.setup import run_data
 from jaxrl_llm.training.sft import run_sft, sft_plan
-from jaxrl_llm.training.reward_loop import RewardModelRun
+from jaxrl_llm.reward_model.trainer import RewardModelRun
 from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
 from tests.run_helpers import load_config, shrink
 
@@ -21,7 +22,7 @@ def _sft(micro: int):
   cfg = from_config_dict(shrink(load_config("gspo"), **{"sft.steps": 3, "sft.batch_size": 32,
                                                           "sft.micro_batch_size": micro}))
   data = run_data(cfg)
-  model_cfg, params = make_model(cfg, data.tokenizer, data.mesh, jax.random.key(0))
+  model_cfg, params = make_model(cfg.model, data.tokenizer, data.mesh, jax.random.key(0))
   with jax.sharding.use_abstract_mesh(data.mesh.abstract_mesh):
     params, info = run_sft(params, model_cfg, data.train_examples, data.tokenizer, sft_plan(data.cfg), mesh=data.mesh,
                            log=lambda s: None)

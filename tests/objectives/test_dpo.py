@@ -1,4 +1,4 @@
-"""DPO (objectives/preference.py, the `objective="dpo"` run of training/reward_loop.py): the loss, its
+"""DPO (objectives/preference.py, the `objective="dpo"` run of reward_model/trainer.py): the loss, its
 variants and its gradient against the formulas written out here, per pair; the same through the tiny
 model against log-probs of each unpadded sequence computed here from the logits; a short run on the
 built-in pairs whose implicit reward margin rises; one-line config errors."""
@@ -19,7 +19,7 @@ from jaxrl_llm.objectives.preference import dpo_loss
 from jaxrl_llm.reward_model import data as data_lib
 from jaxrl_llm.reward_model.config import DPOConfig, reward_config_from_dict
 from jaxrl_llm.reward_model.defaults import reward_model_config
-from jaxrl_llm.training.reward_loop import RewardModelRun, dpo_objective
+from jaxrl_llm.reward_model.trainer import RewardModelRun, dpo_objective
 from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
 
 CASES = [("sigmoid", 0.0), ("sigmoid", 0.1), ("robust", 0.2), ("ipo", 0.0)]

@@ -209,7 +209,7 @@ def rm_dirs(tmp_path_factory):
         **TINY_MODEL, "seed": seed, "train.steps": 2, "train.batch_size": 16, "train.warmup_steps": 0,
         "data.n_train": 32, "data.n_eval": 8, "eval.every": 0, "log.every": 2, "checkpoint.every_steps": 2,
         "export": False}))
-    from jaxrl_llm.training.reward_loop import RewardModelRun
+    from jaxrl_llm.reward_model.trainer import RewardModelRun
     RewardModelRun(cfg, workdir, log=lambda s: None).run()
     dirs.append(workdir)
   return dirs

@@ -180,7 +180,7 @@ def test_config_errors_name_the_field():
 
 
 def test_a_bad_row_fails_before_the_workdir_exists(tmp_path):
-  from jaxrl_llm.training.reward_loop import RewardModelRun
+  from jaxrl_llm.reward_model.trainer import RewardModelRun
 
   path = write_jsonl(tmp_path / "prefs.jsonl", [GOOD, {"prompt": "1+1=", "chosen": "2"}])
   workdir = tmp_path / "run"

@@ -19,7 +19,7 @@ from jaxrl_llm.reward_model.defaults import reward_model_config
 from jaxrl_llm.reward_model.scorer import load_reward_model, reward_scores
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
-from jaxrl_llm.training.reward_loop import RewardModelRun
+from jaxrl_llm.reward_model.trainer import RewardModelRun
 from jaxrl_llm.training.step import build_batch, rollout_and_score
 from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
 

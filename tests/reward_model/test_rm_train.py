@@ -15,7 +15,7 @@ from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.reward_model.config import reward_config_from_dict
 from jaxrl_llm.reward_model.defaults import reward_model_config
 from jaxrl_llm.reward_model.scorer import load_reward_model
-from jaxrl_llm.training.reward_loop import RewardModelRun, batch_rows
+from jaxrl_llm.reward_model.trainer import RewardModelRun, batch_rows
 from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
 
 STEPS = 6
@@ -133,3 +133,15 @@ def test_the_export_loads_in_transformers_with_its_tokenizer(tmp_path, quiet_log
   st = run.final_state
   got = np.asarray(reward_scores(st.params, st.reward_head, run.model_cfg, tokens, batch.mask_N2T.reshape(16, -1)))
   np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+def test_a_workdir_saved_before_a_key_existed_resumes_and_other_values_are_changes():
+  from jaxrl_llm.checkpointing import provenance
+  from jaxrl_llm.reward_model.trainer import reward_defaults
+
+  new = provenance.plain_config(config())
+  old = json.loads(json.dumps(new))
+  del old["train"]["micro_batch_size"]  # a reward model trained before the key existed
+  assert provenance.config_changes(old, new, reward_defaults) == {}
+  micro = provenance.plain_config(config(**{"train.micro_batch_size": 8}))
+  assert provenance.config_changes(old, micro, reward_defaults) == {"train.micro_batch_size": ("<absent>", 8)}

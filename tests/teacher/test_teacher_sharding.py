@@ -40,7 +40,7 @@ def test_hf_teacher_carries_the_policy_shardings(mesh, tmp_path):
   student = init_sharded_params(STUDENT, jax.random.key(0), mesh)
   params, cfg = tlib.load_teacher_checkpoint(path, student, STUDENT)
   assert (cfg.d_model, cfg.n_layers, cfg.vocab_size, cfg.tie_embeddings) == (48, 2, V, False)
-  # The specs a policy of these shapes gets (`training.setup.make_model` loads with the same rule).
+  # The specs a policy of these shapes gets (`model.build.make_model` loads with the same rule).
   want = param_shardings(cfg, mesh)
   assert jax.tree.structure(params) == jax.tree.structure(want)
   for (path_, x), w in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(want)):

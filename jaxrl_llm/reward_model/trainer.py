@@ -48,16 +48,16 @@ from jaxrl_llm.objectives.aggregation import WeightedSum
 from jaxrl_llm.objectives.preference import dpo_loss
 from jaxrl_llm.reward_model import data as data_lib
 from jaxrl_llm.reward_model import process as process_lib
-from jaxrl_llm.reward_model.config import RewardModelConfig
+from jaxrl_llm.reward_model.config import RewardModelConfig, reward_config_from_dict
+from jaxrl_llm.reward_model.defaults import reward_model_config
 from jaxrl_llm.reward_model.export import check_exportable, save_reward_hf
 from jaxrl_llm.reward_model.loss import PairStats, bradley_terry_loss, implicit_reward_summary, pair_stats
 from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, reward_scores, token_scores
 from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
-from jaxrl_llm.training import provenance
-from jaxrl_llm.training.context import snapshot
-from jaxrl_llm.learn.learner import Group, LearnSpec, LossOut, Slot, make_learner
+from jaxrl_llm.checkpointing import provenance
+from jaxrl_llm.learn.learner import Group, LearnSpec, LossOut, Slot, make_learner, snapshot
 from jaxrl_llm.learn.optim import adamw, warmup_schedule
-from jaxrl_llm.training.setup import make_model
+from jaxrl_llm.model.build import make_model
 
 EXPORT_DIR = "hf"  # <workdir>/hf: the Hugging Face export
 REF_KEY = "ref_params"  # DPO's frozen reference in the checkpoint
@@ -146,6 +146,12 @@ def stepwise_data(cfg: RewardModelConfig) -> RewardData:
 
 def reward_data(cfg: RewardModelConfig) -> RewardData:
   return stepwise_data(cfg) if cfg.process else preference_data(cfg)
+
+
+def reward_defaults() -> dict:
+  """The reward-model config's flattened defaults (reward_model/defaults.py): a key that a workdir's
+  saved config lacks and the new config holds at its default is no change on resume."""
+  return provenance.flatten(provenance.plain_config(reward_config_from_dict(reward_model_config())))
 
 
 def batch_arrays(arrays) -> tuple[np.ndarray, ...]:
@@ -251,7 +257,7 @@ class RewardModelRun:
   # ---- state -----------------------------------------------------------------------
   def init_state(self) -> RewardState:
     k_model, k_head = jax.random.split(jax.random.key(self.cfg.seed))
-    self.model_cfg, params = make_model(self.cfg, self.data.tokenizer, self.mesh, k_model)
+    self.model_cfg, params = make_model(self.cfg.model, self.data.tokenizer, self.mesh, k_model)
     head = {} if self.cfg.dpo_run else jax.jit(functools.partial(init_reward_head, self.model_cfg.d_model),
                                                out_shardings=head_shardings(self.mesh))(k_head)
     step = sharding_lib.put(jnp.zeros((), jnp.int32), sharding_lib.replicated(self.mesh))
@@ -342,8 +348,8 @@ class RewardModelRun:
     os.makedirs(self.workdir, exist_ok=True)
     ckpt = RunCheckpoints(self.workdir, cfg.checkpoint, run_config=cfg, model_config=self.model_cfg, log=self.log)
     resuming = ckpt.resume_step() is not None
-    provenance.check_and_record(self.workdir, cfg, resuming=resuming, allow_change=self.allow_config_change,
-                                log=self.log)
+    provenance.record_config(self.workdir, cfg, resuming=resuming, allow_change=self.allow_config_change,
+                             log=self.log, defaults=reward_defaults)
     if cfg.init_checkpoint and not resuming:
       state = ckpt.init_params(state, cfg.init_checkpoint, None)
     if cfg.dpo_run:
