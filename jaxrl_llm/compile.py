@@ -85,7 +85,7 @@ def build_shapes(cfg, model: str, devices):
   from jaxrl_llm.tpu.programs import EVAL_BATCH, RunShapes
   from jaxrl_llm.training import setup
   from jaxrl_llm.training.config import AUTO_MICRO_BATCH_TOKENS
-  from jaxrl_llm.learn.optim import adamw, warmup_schedule
+  from jaxrl_llm.training.optimizers import run_optimizers
 
   hf_path = cfg.model.hf_path
   if model:  # the shapes come from --model: the config's checkpoint folder is not read
@@ -100,16 +100,11 @@ def build_shapes(cfg, model: str, devices):
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=hf_path))
   model_cfg = model_config(cfg, model, data.tokenizer)
   sharding_lib.check_divisible(model_cfg, data.mesh)
-  tr = cfg.train
-  tx = adamw(warmup_schedule(tr.lr, tr.warmup_steps, tr.steps * tr.epochs * tr.mini_batches,
-                             decay_to=tr.lr_decay_to), b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay,
-             clip_norm=tr.clip_norm)
-  vtx = adamw(warmup_schedule(tr.value_lr, tr.warmup_steps), b1=tr.b1, b2=tr.b2, weight_decay=0.0,
-              clip_norm=tr.clip_norm)
+  opts = run_optimizers(cfg)
   shards = data.batch_shards
   eval_rows = -(-min(EVAL_BATCH, len(data.eval_examples)) // shards) * shards
   return RunShapes(cfg=cfg, model_cfg=model_cfg, mesh=data.mesh, sampling=cfg.rollout.sampling(data.tokenizer),
-                   eval_sampling=cfg.rollout.sampling(data.tokenizer, greedy=True), tx=tx, vtx=vtx,
+                   eval_sampling=cfg.rollout.sampling(data.tokenizer, greedy=True), tx=opts.tx, vtx=opts.vtx,
                    eval_rows=eval_rows)
 
 

@@ -80,7 +80,7 @@ def main(argv):
   workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.run_name)
   what = cfg.method if cfg.run_name == cfg.method else f"{cfg.run_name} (objective {cfg.method})"
   print(f"method {what} -> {workdir}")
-  from jaxrl_llm.training.loop import Stopped
+  from jaxrl_llm.learn.shell import Stopped
 
   try:
     prefix = distributed.log_prefix()

@@ -2,8 +2,8 @@
 
 * no import cycle between modules (imports inside functions count too);
 * the layers: objectives/ imports nothing else of the package; envs/
-  imports only tasks/ and checks; learn/ (the one optimizer step) only
-  model/, objectives/, kernels/, checks and faults; model/, sampling/, tasks/, envs/,
+  imports only tasks/ and checks; learn/ (the one optimizer step and run shell)
+  only model/, objectives/, kernels/, checkpointing/, rundir/, checks and faults; model/, sampling/, tasks/, envs/,
   kernels/, checkpointing/ and teacher/ never import training/; rundir/
   imports nothing else of the package, and lab/ only checks, cli and
   rundir; only training/loop.py and the entry points name the Trainer;
@@ -111,7 +111,7 @@ def test_no_import_cycle():
     ("jaxrl_llm.tasks", ("jaxrl_llm.tasks", "jaxrl_llm.checks", "jaxrl_llm.faults")),
     ("jaxrl_llm.envs", ("jaxrl_llm.envs", "jaxrl_llm.tasks", "jaxrl_llm.checks")),
     ("jaxrl_llm.learn", ("jaxrl_llm.learn", "jaxrl_llm.model", "jaxrl_llm.objectives", "jaxrl_llm.kernels",
-                         "jaxrl_llm.checks", "jaxrl_llm.faults")),
+                         "jaxrl_llm.checkpointing", "jaxrl_llm.rundir", "jaxrl_llm.checks", "jaxrl_llm.faults")),
     ("jaxrl_llm.rundir", ("jaxrl_llm.rundir",)),
     ("jaxrl_llm.lab", ("jaxrl_llm.lab", "jaxrl_llm.checks", "jaxrl_llm.cli", "jaxrl_llm.rundir")),
 ])

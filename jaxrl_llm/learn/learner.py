@@ -1,7 +1,7 @@
 """The one optimizer step under every loss: `Learner(spec)` with `spec.loss_fn` injected.
 
 The RL update (training/update.py), the warm start's SFT (training/sft.py), the
-reward models' Bradley-Terry and process losses and DPO (reward_model/run.py)
+reward models' Bradley-Terry and process losses and DPO (reward_model/trainer.py)
 are each a `LossFn` on it; this module owns what they share:
 
 * **exact micro-batching.** `spec.norms_fn` computes the loss's normalisers on

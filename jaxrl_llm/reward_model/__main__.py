@@ -31,6 +31,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
+  from jaxrl_llm.learn.shell import Stopped
   from jaxrl_llm.model.distributed import single_process_only
   from jaxrl_llm.reward_model.config import reward_config_from_dict
   from jaxrl_llm.reward_model.trainer import RewardModelRun
@@ -43,7 +44,11 @@ def main(argv):
                                            f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
   run = RewardModelRun(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value)  # reads every pair: errors first
   print(f"{'DPO policy' if cfg.dpo_run else 'reward model'} {cfg.name} -> {workdir}")
-  summary = run.run()
+  try:
+    summary = run.run()
+  except Stopped as e:  # SIGTERM: the step in progress was saved; the same command resumes
+    print(str(e))
+    raise SystemExit(128 + 15) from None  # the conventional status of a SIGTERM
   print(json.dumps(summary, indent=2))
   what = "step" if cfg.process else "pairwise"
   extra = (f", first wrong step found in {summary['eval_first_error_accuracy_end']:.3f} of solutions"

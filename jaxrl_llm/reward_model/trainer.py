@@ -38,7 +38,7 @@ import numpy as np
 from flax import struct
 
 from jaxrl_llm.checkpointing.init import params_from_checkpoint
-from jaxrl_llm.checkpointing.run import ExtraTree, RunCheckpoints, plain
+from jaxrl_llm.checkpointing.run import ExtraTree, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.heads import init_reward_head
@@ -53,10 +53,11 @@ from jaxrl_llm.reward_model.defaults import reward_model_config
 from jaxrl_llm.reward_model.export import check_exportable, save_reward_hf
 from jaxrl_llm.reward_model.loss import PairStats, bradley_terry_loss, implicit_reward_summary, pair_stats
 from jaxrl_llm.reward_model.scorer import HEAD_KEY, head_shardings, reward_scores, token_scores
-from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
+from jaxrl_llm.rundir.metrics import write_summary
 from jaxrl_llm.checkpointing import provenance
 from jaxrl_llm.learn.learner import Group, LearnSpec, LossOut, Slot, make_learner, snapshot
 from jaxrl_llm.learn.optim import adamw, warmup_schedule
+from jaxrl_llm.learn.shell import RunShell
 from jaxrl_llm.model.build import make_model
 
 EXPORT_DIR = "hf"  # <workdir>/hf: the Hugging Face export
@@ -228,7 +229,6 @@ class RewardModelRun:
   def __init__(self, cfg: RewardModelConfig, workdir: str, *, log: Callable[[str], None] = print, devices=None,
                allow_config_change: bool = False):
     self.cfg, self.workdir, self.log = cfg, workdir, log
-    self.allow_config_change = allow_config_change
     self.mesh = sharding_lib.make_mesh(cfg.mesh, devices)
     shards = sharding_lib.batch_shards(self.mesh)
     self.micro_batch_size = cfg.train.micro_batch_size or cfg.train.batch_size
@@ -236,8 +236,9 @@ class RewardModelRun:
       field = "micro_batch_size" if cfg.train.micro_batch_size else "batch_size"
       raise ConfigError(f"config.train.{field}={getattr(cfg.train, field)} must be a multiple of the {shards} batch "
                         "shards of the mesh (mesh.data x mesh.fsdp)")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-      raise ConfigError(f"workdir {workdir!r} is a file: expected a directory (new, or a reward model's workdir)")
+    self.shell = RunShell(workdir, cfg, checkpoint_cfg=cfg.checkpoint, log=log,
+                          allow_config_change=allow_config_change, defaults=reward_defaults)
+    self.shell.check_workdir("a reward model's workdir")
     for field, path in (("init_checkpoint", cfg.init_checkpoint), ("dpo.reference", cfg.dpo.reference)):
       if path and not os.path.isdir(path):
         raise ConfigError(f"config.{field}={path!r} is not a directory: expected a run's workdir or a Hugging Face "
@@ -345,11 +346,7 @@ class RewardModelRun:
     of this call, saved as an interrupted run would be, with {"stopped_at_step": k} and no summary."""
     cfg, t_start = self.cfg, time.time()
     state = self.init_state()
-    os.makedirs(self.workdir, exist_ok=True)
-    ckpt = RunCheckpoints(self.workdir, cfg.checkpoint, run_config=cfg, model_config=self.model_cfg, log=self.log)
-    resuming = ckpt.resume_step() is not None
-    provenance.record_config(self.workdir, cfg, resuming=resuming, allow_change=self.allow_config_change,
-                             log=self.log, defaults=reward_defaults)
+    ckpt, resuming = self.shell.open(self.model_cfg)
     if cfg.init_checkpoint and not resuming:
       state = ckpt.init_params(state, cfg.init_checkpoint, None)
     if cfg.dpo_run:
@@ -367,36 +364,26 @@ class RewardModelRun:
     self.log(f"{cfg.name}: {len(self.data.train)} training {self.data.unit}, {len(self.data.eval)} held-out, "
              f"{self.data.max_len} tokens per sequence; held-out accuracy {ev_start['accuracy']:.3f} at step "
              f"{int(state.step)}" + (" (saved)" if resuming else ""))
-    writer = MetricsWriter(self.workdir, start_step=int(state.step))
-    ev, stopped = None, None
-    try:
-      for i, _ in enumerate(range(int(state.step), cfg.train.steps)):
-        state, metrics = self.train_batch(state)
-        step = int(state.step)
-        ev = None
-        if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
-          ev = self.evaluate(state)
-          metrics.update({f"eval/{k}": v for k, v in ev.items() if k != "n"})
-        if step % cfg.log.every == 0 or step == cfg.train.steps or ev is not None:
-          writer.write(step, metrics)
-          self.log(f"step {step}/{cfg.train.steps}: loss {metrics['train/loss']:.4f} accuracy "
-                   f"{metrics['train/accuracy']:.3f}" + (f"; held-out accuracy {ev['accuracy']:.3f} "
-                                                         f"ece {ev['ece']:.3f}" if ev else ""))
-        # -- checkpoint save point: the complete state after each step.
-        ckpt.on_step(state, metrics)
-        if stop_after is not None and i + 1 >= stop_after and step < cfg.train.steps:
-          if ckpt.mngr.should_save(step, final=True):
-            ckpt.save(state, metrics)
-          stopped = step
-          break
-    finally:
-      writer.close()
-      ckpt.mngr.wait()
+    last_eval = {}  # the held-out evaluation of the loop's last evaluated step
+
+    def evaluate(state):
+      last_eval.update(step=int(state.step), ev=self.evaluate(state))
+      return {k: v for k, v in last_eval["ev"].items() if k != "n"}
+
+    def after_step(state, metrics, written):
+      if written:
+        ev = " ".join(f"{k} {metrics[f'eval/{k}']:.3f}" for k in ("accuracy", "ece") if f"eval/{k}" in metrics)
+        self.log(f"step {int(state.step)}/{cfg.train.steps}: loss {metrics['train/loss']:.4f} accuracy "
+                 f"{metrics['train/accuracy']:.3f}" + (f"; held-out {ev}" if ev else ""))
+
+    state, stopped = self.shell.steps(state, total=cfg.train.steps, step_fn=self.train_batch, evaluate=evaluate,
+                                      eval_every=cfg.eval.every, eval_last=True, log_every=cfg.log.every,
+                                      after_step=after_step, stop_after=stop_after)
     if stopped is not None:
       ckpt.mngr.close()
       return {"stopped_at_step": stopped, "workdir": self.workdir}
     ckpt.finish(state)
-    ev_end = ev if ev is not None else self.evaluate(state)
+    ev_end = last_eval["ev"] if last_eval.get("step") == int(state.step) else self.evaluate(state)
     export_dir = self.export(state) if cfg.export else ""
     history = ckpt.extra.get("history", [])
     summary = {

@@ -126,6 +126,10 @@ class RolloutEngine(Protocol):
   def generate(self, prompts, key: jax.Array) -> RolloutBatch:
     """G samples for each prompt of a `tasks.pipeline.PromptBatch`; `key` fixes the draws."""
 
+  def metrics(self) -> dict[str, float]:
+    """The engine's own counters for the step's metrics (requests, retries, restarts, sync seconds);
+    {} for an engine without any."""
+
   def close(self) -> None:
     """Release what the engine holds (processes, connections)."""
 
@@ -219,6 +223,9 @@ class JaxSampler:
     return sample_batch(self.params, self.model_cfg, prompts, self.sampling_cfg, key, self.tokenizer,
                         self.batch_sharding, version=self.version, slots=self.slots, chunk=self.chunk)
 
+  def metrics(self) -> dict[str, float]:
+    return {}  # in-process sampling: no requests, retries or restarts to count
+
   def close(self) -> None:
     self.params = None
 
@@ -241,7 +248,12 @@ def engine_names() -> tuple[str, ...]:
 
 
 def make_engine(name: str, **kwargs) -> RolloutEngine:
-  return _ENGINES[name](**kwargs)
+  engine = _ENGINES[name](**kwargs)
+  missing = [m for m in ("sync", "generate", "metrics", "close") if not callable(getattr(engine, m, None))]
+  if missing:
+    raise TypeError(f"rollout engine {name!r}: its {type(engine).__name__} has no {', '.join(missing)}; a rollout "
+                    "engine has sync, generate, metrics and close (sampling/engine.py's RolloutEngine)")
+  return engine
 
 
 def _builtin(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg=None) -> JaxSampler:

@@ -69,7 +69,7 @@ class ExactEngine:
     self.inner.sync(params, version)
 
   def metrics(self) -> dict[str, float]:
-    return self.inner.metrics() if hasattr(self.inner, "metrics") else {}
+    return self.inner.metrics()
 
   def generate(self, prompts, key) -> RolloutBatch:
     batch = self.inner.generate(prompts, key)

@@ -273,7 +273,7 @@ class OpenAIEngine:
       raise RuntimeError(f"rollout engine: the server at {self.client.base_url} did not come back within "
                          f"config.rollout.server.wait_s={self.cfg.wait_s:g} s ({err})") from None
 
-  def _post(self, path: str, payload: dict, parse=lambda answer: answer):
+  def post(self, path: str, payload: dict, parse=lambda answer: answer):
     """POST, `parse` the answer; retried on ServerUnavailable (a malformed answer included)."""
     attempt = 0
     while True:
@@ -414,7 +414,7 @@ class OpenAIEngine:
 
   def _sample(self, prompt_ids: list[int], seed: int) -> Sample:
     payload = {"model": self.model_name, "prompt": prompt_ids, "seed": seed, **self.fields}
-    return self._post("/v1/completions", payload, self._parse_checked)
+    return self.post("/v1/completions", payload, self._parse_checked)
 
   def _parse_checked(self, resp: dict) -> Sample:
     try:

@@ -5,7 +5,7 @@ Each live context is one completions request: its prompt is the context's token 
 holds them (the policy's sampled ids and the environment's rendered ids, never decoded and
 re-encoded), max_tokens its budget, with the engine's sampling fields and one log-prob per token
 (log mu). Requests run `server.concurrency` at a time, each retried as the engine retries any
-request (`OpenAIEngine._post`: a server that died is restarted with the last synced weights).
+request (`OpenAIEngine.post`: a server that died is restarted with the last synced weights).
 
 The server is given no stop strings: llama.cpp leaves a stop string's tokens out of what it returns,
 while the environment reads the closing tag of a call and the trainer needs the ids as sampled. The
@@ -76,7 +76,7 @@ def sample_turns_openai(engine, contexts: Sequence[Sequence[int]], budgets: Sequ
   def one(b: int):
     payload = {"model": engine.model_name, "prompt": [int(i) for i in contexts[b]], "seed": int(seeds[b]),
                **engine.fields, "max_tokens": int(budgets[b])}
-    return engine._post("/v1/completions", payload,  # pylint: disable=protected-access
+    return engine.post("/v1/completions", payload,
                         lambda resp: checked(resp, int(budgets[b])))
 
   out = {b: ((), np.zeros((0,), np.float32), FINISH_LENGTH) for b in range(B) if not budgets[b]}

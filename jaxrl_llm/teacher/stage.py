@@ -42,7 +42,7 @@ def hint_examples(examples, template: str) -> list[Example]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _ScoreSpec:
+class ScoreSpec:
   """What stays fixed across one teacher's chunks (a static argument of the jitted pass)."""
 
   teacher_cfg: model_lib.ModelConfig
@@ -54,8 +54,8 @@ class _ScoreSpec:
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
-def _score_chunk(teacher_params, student_params, ctx_BC, ctx_mask_BC, prompt_BP, prompt_mask_BP, tokens_BR,
-                 mask_BR, *, spec: _ScoreSpec):
+def score_chunk(teacher_params, student_params, ctx_BC, ctx_mask_BC, prompt_BP, prompt_mask_BP, tokens_BR,
+                 mask_BR, *, spec: ScoreSpec):
   """{name: [B, R(, ...)]}: the teacher's and the student's per-token terms, streamed over V; the teacher
   reads its context `ctx_BC` + the response, the student its prompt + the response."""
   teacher_cfg, student_cfg, temperature, impl = spec.teacher_cfg, spec.student_cfg, spec.temperature, spec.impl
@@ -206,9 +206,9 @@ class TeacherStage:
       for s in range(0, len(rows), chunk):
         r = rows[s:s + chunk]
         padded = np.concatenate([r, np.full(chunk - len(r), r[0])])  # one shape per teacher
-        spec = _ScoreSpec(teacher_cfg=tcfg, student_cfg=self.student_cfg, temperature=self.temperature,
+        spec = ScoreSpec(teacher_cfg=tcfg, student_cfg=self.student_cfg, temperature=self.temperature,
                           impl=self.impl, topk=k, keep_hidden=bool(keep_hidden))
-        res = sharding_lib.fetch(_score_chunk(params, student_params, *(a[padded] for a in args), spec=spec))
+        res = sharding_lib.fetch(score_chunk(params, student_params, *(a[padded] for a in args), spec=spec))
         for name, v in res.items():
           v = np.asarray(v)[:len(r)]
           if name == teacher_loss.HIDDEN:

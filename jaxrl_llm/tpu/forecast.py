@@ -261,7 +261,7 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
   opt = opt_sds(shapes.tx, lora.trainable(params), mesh)
   p_bytes, o_bytes = bytes_per_chip(params), bytes_per_chip(opt)
   copies = int(cfg.objective.needs_ref or cfg.log.kl_to_ref) + cfg.rollout.staleness  # pi_ref, lagged samplers
-  copy_bytes = bytes_per_chip(lora.trainable(params))  # a snapshot copies what trains (training/context.snapshot)
+  copy_bytes = bytes_per_chip(lora.trainable(params))  # a snapshot copies what trains (learn/learner.snapshot)
   reports, full_prefill, probe_prefill = [], {}, {}
   for p in programs:
     t0 = time.time()

@@ -1,7 +1,9 @@
 """The jitted programs of one run, as shapes over a topology's devices: what `jaxrl_llm.compile` compiles.
 
 `run_programs(plan)` returns every program a run of the config compiles,
-built from the functions the trainer itself runs (nothing is copied):
+built from the functions and specs the trainer itself runs (`UpdateSpec.from_run`,
+`RecomputeSpec.from_run`, `run_optimizers`, `sft_learner`; nothing is copied, and
+tests/training/test_program_identity.py finds the same StableHLO both ways):
 
 | program | function | calls per RL step |
 |---|---|---|
@@ -144,7 +146,7 @@ def bytes_per_chip(tree) -> int:
   return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
-def _rows(mesh, shape, dtype):
+def row_sds(mesh, shape, dtype):
   """An array whose leading axis is the batch (over data x fsdp)."""
   return sds(shape, dtype, sharding_lib.batch_sharding(mesh, len(shape)))
 
@@ -167,8 +169,8 @@ def _in_mesh(fn):
 
 
 def _prompts(shapes: RunShapes, rows: int):
-  return _rows(shapes.mesh, (rows, shapes.prompt_len), jnp.int32), _rows(shapes.mesh, (rows, shapes.prompt_len),
-                                                                           jnp.bool_)
+  shape = (rows, shapes.prompt_len)
+  return row_sds(shapes.mesh, shape, jnp.int32), row_sds(shapes.mesh, shape, jnp.bool_)
 
 
 @_in_mesh
@@ -220,14 +222,12 @@ def _value_sds(shapes: RunShapes):
 def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int):
   cfg, m = shapes.cfg, shapes.mesh
   P_, R = shapes.prompt_len, shapes.response_len
-  # (prompt, its mask, response tokens, the tokens attended, the sampled ones: recompute._chunk's rows;
+  # (prompt, its mask, response tokens, the tokens attended, the sampled ones: RecomputeSpec.run_chunk's rows;
   # no packing: the padded layout)
-  args = (_rows(m, (rows, P_), jnp.int32), _rows(m, (rows, P_), jnp.bool_), _rows(m, (rows, R), jnp.int32),
-          _rows(m, (rows, R), jnp.bool_), _rows(m, (rows, R), jnp.bool_))
-  return recompute_lib._chunk.lower(  # pylint: disable=protected-access
-      params, _value_sds(shapes), *args, None, model_cfg=model_cfg, temperature=cfg.rollout.temperature,
-      impl=cfg.kernels.impl, with_values=cfg.use_value, prompt_group=cfg.prompt_group,
-      always_share=cfg.train.share_prompt == "on")
+  args = (row_sds(m, (rows, P_), jnp.int32), row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32),
+          row_sds(m, (rows, R), jnp.bool_), row_sds(m, (rows, R), jnp.bool_))
+  spec = recompute_lib.RecomputeSpec.from_run(cfg, model_cfg)
+  return spec.lower_chunk(params, _value_sds(shapes), args + (None,), with_values=cfg.use_value)
 
 
 HINT_TOKENS = 64  # teacher.context=hint: tokens the hint adds to the teacher's context (a plan's assumption)
@@ -235,7 +235,7 @@ HINT_TOKENS = 64  # teacher.context=hint: tokens the hint adds to the teacher's 
 
 @_in_mesh
 def lower_teacher(shapes: RunShapes, model_cfg, params, rows: int):
-  """The teacher's scoring pass over `rows` samples (teacher/stage.py's `_score_chunk`): the teacher
+  """The teacher's scoring pass over `rows` samples (teacher/stage.py's `score_chunk`): the teacher
   reads its context + the response, the student its prompt + the response, and the vocabulary ops
   give log q, log p, H(q), KL(p || q) (and the teacher's top-k or hidden states for the loss forms).
   The teacher has the student's shapes (a self or warm-started teacher; a checkpoint teacher of
@@ -246,15 +246,15 @@ def lower_teacher(shapes: RunShapes, model_cfg, params, rows: int):
   t = cfg.teacher
   P_, R = shapes.prompt_len, shapes.response_len
   C = P_ + (HINT_TOKENS if t.context == "hint" else 0)
-  spec = teacher_stage._ScoreSpec(  # pylint: disable=protected-access
+  spec = teacher_stage.ScoreSpec(
       teacher_cfg=model_cfg, student_cfg=model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
       topk=t.topk, keep_hidden=bool(t.loss_form and not t.topk))
-  args = (_rows(m, (rows, C), jnp.int32), _rows(m, (rows, C), jnp.bool_), _rows(m, (rows, P_), jnp.int32),
-          _rows(m, (rows, P_), jnp.bool_), _rows(m, (rows, R), jnp.int32), _rows(m, (rows, R), jnp.bool_))
-  return teacher_stage._score_chunk.lower(params, params, *args, spec=spec)  # pylint: disable=protected-access
+  args = (row_sds(m, (rows, C), jnp.int32), row_sds(m, (rows, C), jnp.bool_), row_sds(m, (rows, P_), jnp.int32),
+          row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32), row_sds(m, (rows, R), jnp.bool_))
+  return teacher_stage.score_chunk.lower(params, params, *args, spec=spec)
 
 
-def _teacher_loss(shapes: RunShapes, model_cfg, rows: int):
+def teacher_loss_part(shapes: RunShapes, model_cfg, rows: int):
   """A loss-form teacher's part of the update (teacher/loss.py's DistillTerm): (extra_terms, the batch's
   extra_BR shapes, the aux shapes); nothing for an advantage-form teacher or none."""
   from jaxrl_llm.teacher import loss as teacher_loss  # pylint: disable=import-outside-toplevel
@@ -266,13 +266,13 @@ def _teacher_loss(shapes: RunShapes, model_cfg, rows: int):
                                   cfg.objective.aggregation, impl=cfg.kernels.impl, topk=t.topk,
                                   topk_tail=t.topk_tail, n_teachers=1)
   R = shapes.response_len
-  extra = {teacher_loss.WEIGHT: _rows(m, (rows, R), jnp.float32)}
+  extra = {teacher_loss.WEIGHT: row_sds(m, (rows, R), jnp.float32)}
   aux = {}
   if t.topk:
-    extra[teacher_loss.TOPK_IDS] = _rows(m, (rows, R, t.topk), jnp.int32)
-    extra[teacher_loss.TOPK_LOGP] = _rows(m, (rows, R, t.topk), jnp.float32)
+    extra[teacher_loss.TOPK_IDS] = row_sds(m, (rows, R, t.topk), jnp.int32)
+    extra[teacher_loss.TOPK_LOGP] = row_sds(m, (rows, R, t.topk), jnp.float32)
   else:  # the teacher's hidden states and its head (the student's shapes)
-    extra[teacher_loss.HIDDEN] = _rows(m, (rows, R, model_cfg.d_model), jnp.float32)
+    extra[teacher_loss.HIDDEN] = row_sds(m, (rows, R, model_cfg.d_model), jnp.float32)
     head = jax.eval_shape(lambda p: model_lib.lm_head(p, model_cfg), model_lib.param_shapes(model_cfg))
     aux[teacher_loss.head_key(0)] = sds(head.shape, head.dtype, sharding_lib.head_sharding(m))
   return (("teacher", term),), extra, aux
@@ -286,13 +286,13 @@ def train_batch(shapes: RunShapes, rows: int, extra_BR: dict | None = None) -> T
   K = cfg.rollout.record_topk if obj.needs_centering else 0
   D = mc.d_model if obj.needs_token_kl else 0
   hidden_dtype = shapes.sampling.dtype or mc.compute_dtype
-  f = lambda *shape: _rows(m, shape, jnp.float32)  # noqa: E731
+  f = lambda *shape: row_sds(m, shape, jnp.float32)  # noqa: E731
   return TrainBatch(
-      prompt_BP=_rows(m, (rows, P_), jnp.int32), prompt_mask_BP=_rows(m, (rows, P_), jnp.bool_),
-      tokens_BR=_rows(m, (rows, R), jnp.int32), mask_BR=_rows(m, (rows, R), jnp.bool_), behav_logp_BR=f(rows, R),
+      prompt_BP=row_sds(m, (rows, P_), jnp.int32), prompt_mask_BP=row_sds(m, (rows, P_), jnp.bool_),
+      tokens_BR=row_sds(m, (rows, R), jnp.int32), mask_BR=row_sds(m, (rows, R), jnp.bool_), behav_logp_BR=f(rows, R),
       prox_logp_BR=f(rows, R), ref_logp_BR=f(rows, R), adv_BR=f(rows, R), returns_BR=f(rows, R),
-      old_values_BR=f(rows, R), topk_ids_BRK=_rows(m, (rows, R, K), jnp.int32), topk_logp_BRK=f(rows, R, K),
-      behav_hidden_BRD=_rows(m, (rows, R, D), hidden_dtype), extra_BR=dict(extra_BR or {}))
+      old_values_BR=f(rows, R), topk_ids_BRK=row_sds(m, (rows, R, K), jnp.int32), topk_logp_BRK=f(rows, R, K),
+      behav_hidden_BRD=row_sds(m, (rows, R, D), hidden_dtype), extra_BR=dict(extra_BR or {}))
 
 
 @_in_mesh
@@ -303,13 +303,9 @@ def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
   vparams = _value_sds(shapes)
   state = UpdateState(params=params, opt_state=opt_sds(shapes.tx, lora.trainable(params), m), value_params=vparams,
                       value_opt_state=opt_sds(shapes.vtx, vparams, m))
-  spec = UpdateSpec(model_cfg=model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
-                    n_micro=n_micro, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
-                    use_value=cfg.use_value, prox_source=cfg.prox.source, prompt_group=cfg.prompt_group,
-                    always_share=cfg.train.share_prompt == "on")
   rows = cfg.micro_batch_size * n_micro
-  terms, extra_BR, aux = _teacher_loss(shapes, model_cfg, rows)
-  spec = dataclasses.replace(spec, extra_terms=terms)
+  terms, extra_BR, aux = teacher_loss_part(shapes, model_cfg, rows)
+  spec = dataclasses.replace(UpdateSpec.from_run(cfg, model_cfg, terms), n_micro=n_micro)
   updater = make_updater(spec, shapes.tx, shapes.vtx, state, sharding_lib.batch_sharding(m),
                          sharding_lib.replicated(m))
   if cfg.objective.needs_token_kl:  # TRM: the sampler's head, split over vocab like the policy's
@@ -329,8 +325,8 @@ def lower_sft(shapes: RunShapes, model_cfg, params, rows: int):
   opt = opt_sds(tx, lora.trainable(params), m)
   learner = sft_learner(model_cfg, plan, tx, params, opt, sharding_lib.batch_sharding(m, ndim=1))
   P_, R = shapes.prompt_len, shapes.response_len
-  batch = (_rows(m, (rows, P_), jnp.int32), _rows(m, (rows, P_), jnp.bool_), _rows(m, (rows, R), jnp.int32),
-           _rows(m, (rows, R), jnp.bool_))
+  batch = (row_sds(m, (rows, P_), jnp.int32), row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32),
+           row_sds(m, (rows, R), jnp.bool_))
   return learner.lower(*sft_slots(params, opt), batch, None)
 
 

@@ -208,7 +208,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
 
   c.log = ml_collections.ConfigDict()
   c.log.progress = True  # show a progress bar
-  c.log.every = 1  # write metrics.jsonl every this many RL steps
+  c.log.every = 1  # write metrics.jsonl every this many RL steps (and at every step with an evaluation)
   c.log.kl_to_ref = True  # log KL(pi || pi_ref) even when objective.kl_coef = 0 (one extra forward per step)
   c.log.dump_steps = ()  # RL steps (1-based) whose batch and per-token factors go to <workdir>/dumps (python -m jaxrl_llm.inspect)
 

@@ -306,7 +306,7 @@ class EpisodeEngine:
 
   def metrics(self) -> dict[str, float]:
     """The wrapped engine's counters (the openai engine's requests, syncs and checks); none for the built-in."""
-    return self.inner.metrics() if hasattr(self.inner, "metrics") else {}
+    return self.inner.metrics()
 
   def generate(self, prompts, key) -> RolloutBatch:
     """G episodes per prompt of a `PromptBatch`, a prompt's episodes consecutive."""

@@ -5,16 +5,16 @@ pipeline, rollout engine, compiled update) and hands it to the stages as one
 frozen `StepContext` (training/context.py); everything that changes is in the
 `TrainState` pytree. Extensions (jaxrl_llm/extension.py) join at fixed
 points: the ones passed to the constructor, then the ones the config's
-sections turn on (training/extensions.py). The two checkpoint points are
-marked in `run`: restore right after the initial state is built, save at the
-end of each step.
+sections turn on (training/extensions.py). The two checkpoint points: restore
+in `_begin`, right after the initial state is built; save at the end of each
+step, in the step loop of the run shell (learn/shell.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,7 +28,7 @@ from jaxrl_llm.checkpointing.run import RunCheckpoints, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.extension import Extension, SetupEnv
 from jaxrl_llm.model import sharding as sharding_lib
-from jaxrl_llm.rundir.metrics import MetricsWriter, write_summary
+from jaxrl_llm.rundir.metrics import write_summary
 from jaxrl_llm.rundir.report import write_report_safely
 from jaxrl_llm.sampling.engine import make_engine
 from jaxrl_llm.sampling.exact import ExactEngine
@@ -45,7 +45,8 @@ from jaxrl_llm.training.evaluation import Evaluator
 from jaxrl_llm.training.extensions import extensions_for
 from jaxrl_llm.training.guards import SignalGuard
 from jaxrl_llm.training.metrics import Progress
-from jaxrl_llm.learn.optim import adamw, warmup_schedule
+from jaxrl_llm.training.optimizers import run_optimizers
+from jaxrl_llm.learn.shell import RunShell
 from jaxrl_llm.training.sft import run_sft, sft_plan
 from jaxrl_llm.training.state import TrainState
 from jaxrl_llm.training.step import rl_step
@@ -54,35 +55,6 @@ from jaxrl_llm.training.update import Updater, UpdateSpec, make_updater
 
 # hook(trainer, state, metrics) after every RL step (checkpoints, reports, ...).
 StepHook = Callable[["Trainer", TrainState, dict], None]
-
-
-class Stopped(Exception):
-  """SIGTERM reached the run: the step in progress finished and was saved; rerun to resume."""
-
-  def __init__(self, step: int):
-    super().__init__(f"stopped by SIGTERM after step {step}, which is saved: rerun the same command to resume")
-    self.step = step
-
-
-class _StopRequest:
-  """Turns SIGTERM into a request the loop reads between steps (main thread only)."""
-
-  def __init__(self):
-    self.requested, self._old = False, None
-
-  def install(self) -> None:
-    try:
-      self._old = signal.signal(signal.SIGTERM, self._on_term)
-    except ValueError:  # not the main thread: no graceful stop
-      self._old = None
-
-  def _on_term(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def restore(self) -> None:
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +73,6 @@ class Trainer:
     """`reward` replaces the config's reward runner and `optimizer` the policy's AdamW (both: tests,
     experiments); the rest comes from `cfg`."""
     self.workdir, self.log = workdir, log
-    self.allow_config_change = allow_config_change  # resume a workdir whose saved config differs (recorded)
     data = setup.run_data(cfg, devices)
     cfg = data.cfg  # data.max_prompt_len resolved
     self.data, self.mesh, self.batch_sharding = data, data.mesh, data.batch_sharding
@@ -117,6 +88,10 @@ class Trainer:
     self.train_examples, self.eval_examples = data.train_examples, data.eval_examples
     cfg = self.cfg = cfg.with_micro_batch(cfg.data.max_prompt_len, shards)  # 0: from train.micro_batch_tokens
     cfg.check_pack_length()
+    # The workdir, its config record (the resolved config), checkpoints and the step loop (learn/shell.py);
+    # allow_config_change: resume a workdir whose saved config differs (recorded).
+    self.shell = RunShell(workdir, cfg, checkpoint_cfg=cfg.checkpoint, log=log, allow_config_change=allow_config_change,
+                          defaults=lambda: provenance.run_defaults(cfg.method))
     self.pipeline = PromptPipeline(self.train_examples, self.tokenizer, batch_size=cfg.rollout.prompts_per_step,
                                    max_prompt_len=cfg.data.max_prompt_len, seed=cfg.seed,
                                    chat_template=cfg.data.chat_template)
@@ -126,13 +101,8 @@ class Trainer:
     self.episodes = episode_player(cfg, self.task, self.tokenizer)
     self.hooks: list[StepHook] = []
 
-    tr = cfg.train
-    total_updates = tr.steps * tr.epochs * tr.mini_batches
-    self.lr_schedule = warmup_schedule(tr.lr, tr.warmup_steps, total_updates, decay_to=tr.lr_decay_to)
-    self.tx = optimizer or adamw(self.lr_schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay,
-                                 clip_norm=tr.clip_norm)
-    self.vtx = adamw(warmup_schedule(tr.value_lr, tr.warmup_steps), b1=tr.b1, b2=tr.b2, weight_decay=0.0,
-                     clip_norm=tr.clip_norm)
+    opts = run_optimizers(cfg)
+    self.lr_schedule, self.tx, self.vtx = opts.lr_schedule, optimizer or opts.tx, opts.vtx
     self.model_cfg = None
     self.engine = None  # the rollout engine, made once the model config is known (rollout_engine)
     self.context: StepContext | None = None  # built by start_rl
@@ -227,13 +197,8 @@ class Trainer:
     """The run's update (training/update.py), with the extensions' loss terms, for `state`'s placement."""
     cfg = self.cfg
     extra_terms = tuple(term for ext in self.extensions for term in ext.extra_terms())
-    spec = UpdateSpec(model_cfg=self.model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
-                      n_micro=cfg.mini_batch_size // cfg.micro_batch_size, temperature=cfg.rollout.temperature,
-                      impl=cfg.kernels.impl, use_value=cfg.use_value, extra_terms=extra_terms,
-                      prox_source=cfg.prox.source, prompt_group=cfg.prompt_group,
-                      always_share=cfg.train.share_prompt == "on")
-    return make_updater(spec, self.tx, self.vtx, state.update_state(), self.batch_sharding,
-                        sharding_lib.replicated(self.mesh))
+    return make_updater(UpdateSpec.from_run(cfg, self.model_cfg, extra_terms), self.tx, self.vtx,
+                        state.update_state(), self.batch_sharding, sharding_lib.replicated(self.mesh))
 
   # ---- stages of the run -----------------------------------------------------------
   def warm_start(self, state: TrainState) -> tuple[TrainState, dict]:
@@ -260,8 +225,7 @@ class Trainer:
   def preflight(self) -> None:
     """What the config and the data can tell before a workdir or a model exists."""
     cfg = self.cfg
-    if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
-      raise ConfigError(f"workdir {self.workdir!r} is a file: expected a directory (new, or a run's workdir)")
+    self.shell.check_workdir("a run's workdir")
     if cfg.init_checkpoint and not os.path.isdir(cfg.init_checkpoint):
       raise ConfigError(f"config.init_checkpoint={cfg.init_checkpoint!r} is not a directory: expected a run's "
                         "workdir or a Hugging Face directory")
@@ -275,7 +239,7 @@ class Trainer:
     t_start = time.time()
     try:
       state, ckpt, start = self._begin(state)
-      state, history = self._rl_steps(state, ckpt, list(start.history))
+      state, history = self._rl_steps(state, list(start.history))
       ckpt.finish(state, history[-1] if history else None)
       ev_end = self.evaluate(state)
     finally:
@@ -295,13 +259,9 @@ class Trainer:
     state, the warm start and the extensions' setup (or a checkpoint's state), the start evaluation."""
     cfg = self.cfg
     self.preflight()
-    os.makedirs(self.workdir, exist_ok=True)
     state = self.init_state(jax.random.key(cfg.seed)) if state is None else state
     self.rollout_engine()  # its checks (a server that answers, its model and vocabulary) before the warm start
-    ckpt = RunCheckpoints(self.workdir, cfg.checkpoint, run_config=cfg, model_config=self.model_cfg, log=self.log)
-    resuming = ckpt.resume_step() is not None
-    provenance.check_and_record(self.workdir, cfg, resuming=resuming, allow_change=self.allow_config_change,
-                                log=self.log)
+    ckpt, resuming = self.shell.open(self.model_cfg)
     if cfg.init_checkpoint and not resuming:
       state = ckpt.init_params(state, cfg.init_checkpoint, None)
     if resuming and not any(ext.rebuild_from_warm_start for ext in self.extensions):
@@ -327,49 +287,39 @@ class Trainer:
                "token_tis (docs/lab.md, 'Staleness 1', compares them)")
     return state, ckpt, _Start(ev_start=ev_start, sft_info=sft_info, history=tuple(history))
 
-  def _rl_steps(self, state: TrainState, ckpt: RunCheckpoints, history: list) -> tuple[TrainState, list]:
+  def _rl_steps(self, state: TrainState, history: list) -> tuple[TrainState, list]:
     """The RL steps from state.step to train.steps: metrics, evaluations, checkpoints, SIGTERM.
     -> (the final state, every step's metrics: a resumed run's earlier steps first)."""
     cfg = self.cfg
-    writer = MetricsWriter(self.workdir, start_step=int(state.step)) if distributed.is_primary() else None
-    bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
-    self.hooks.append(lambda trainer, st, metrics: ckpt.on_step(st, metrics))
     guard = SignalGuard(cfg.guard, self.log)
-    stop = _StopRequest()
     rollouts = None
-    try:
-      stop.install()
+
+    def step_fn(state):
+      state, metrics = self.step(state, rollouts)
+      guard.update(int(state.step), metrics)
+      return state, metrics
+
+    def after_step(state, metrics, written):
+      del written
+      history.append(metrics)
+      bar.update(metrics)
+      for hook in self.hooks:  # before the checkpoint's save point: hooks see the complete state
+        hook(self, state, metrics)
+
+    # Closed when the steps end, whether or not one raised, in reverse order: the background thread
+    # first (it uses the engine, the pipeline and the devices), the engine last.
+    with contextlib.ExitStack() as stack:
+      stack.callback(self.context.engine.close)
+      stack.callback(self.runner.close)
+      bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
+      stack.callback(bar.close)
       if cfg.rollout.overlap and int(state.step) < cfg.train.steps:
         # The batches of the steps ahead are generated in the background from here on (training/async_rollout.py).
         rollouts = AsyncRollouts(self.context, state, steps=cfg.train.steps)
-      for _ in range(int(state.step), cfg.train.steps):
-        state, metrics = self.step(state, rollouts)
-        step = int(state.step)
-        guard.update(step, metrics)
-        if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
-          metrics.update({f"eval/{k}": v for k, v in self.evaluate(state).items()})
-        if writer is not None and (step % cfg.log.every == 0 or step == cfg.train.steps):
-          writer.write(step, metrics)
-        history.append(metrics)
-        bar.update(metrics)
-        # -- checkpoint save point: hooks see the complete state after each step.
-        for hook in self.hooks:
-          hook(self, state, metrics)
-        if stop.requested and step < cfg.train.steps:  # a graceful stop: this step is kept
-          if ckpt.mngr.should_save(step, final=True):
-            ckpt.save(state, metrics)
-          self.log(f"SIGTERM: stopping after step {step} (saved)")
-          raise Stopped(step)
-    finally:
-      if rollouts is not None:  # first: the background thread uses the engine, the pipeline and the devices
-        rollouts.close()
-      stop.restore()
-      bar.close()
-      if writer is not None:
-        writer.close()
-      self.runner.close()
-      self.context.engine.close()
-      ckpt.mngr.wait()  # a save in flight completes even when a step raised
+        stack.callback(rollouts.close)
+      state, _ = self.shell.steps(state, total=cfg.train.steps, step_fn=step_fn, evaluate=self.evaluate,
+                                  eval_every=cfg.eval.every, eval_last=False, log_every=cfg.log.every,
+                                  after_step=after_step)
     return state, history
 
   def _summary(self, state: TrainState, start: "_Start", ev_end: dict, history: list, run_time_s: float) -> dict:

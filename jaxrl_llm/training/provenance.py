@@ -35,9 +35,3 @@ def run_defaults(method) -> dict:
 def result_changes(old: dict, new: dict) -> dict[str, tuple]:
   """`config_changes` of two RL configs: {key: (old, new)} for every key whose change changes the result."""
   return _provenance.config_changes(old, new, lambda: run_defaults(new.get("method")))
-
-
-def check_and_record(workdir: str, cfg, *, resuming: bool, allow_change: bool, log) -> None:
-  """`record_config` of an RL run: refuse a resume with another config, or record the change."""
-  _provenance.record_config(workdir, cfg, resuming=resuming, allow_change=allow_change, log=log,
-                            defaults=lambda: run_defaults(cfg.method))

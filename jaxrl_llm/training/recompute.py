@@ -59,6 +59,27 @@ class RecomputeSpec:
     """The batch shards the rows are split over (1 without a sharding)."""
     return 1 if self.sharding is None else sharding_lib.batch_shards(self.sharding.mesh)
 
+  @classmethod
+  def from_run(cls, cfg, model_cfg, *, sharding=None, pack: PackPolicy | None = None) -> "RecomputeSpec":
+    """The recompute of the run config `cfg` (after `with_micro_batch`): what the step runs and the
+    compile command lowers."""
+    return cls(model_cfg=model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
+               chunk=cfg.micro_batch_size, sharding=sharding, prompt_group=cfg.prompt_group,
+               always_share=cfg.train.share_prompt == "on", pack=pack, rowwise=cfg.rollout.exact)
+
+  def run_chunk(self, params, vparams, args, *, with_values: bool):
+    """The jitted forward of one chunk: args = (prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR,
+    packing) -> (logp_BR, values_BR)."""
+    return _chunk(params, vparams, *args, **self._static(with_values))
+
+  def lower_chunk(self, params, vparams, args, *, with_values: bool):
+    """`run_chunk`'s program lowered for these arguments (arrays or ShapeDtypeStructs with shardings)."""
+    return _chunk.lower(params, vparams, *args, **self._static(with_values))
+
+  def _static(self, with_values: bool) -> dict:
+    return dict(model_cfg=self.model_cfg, temperature=self.temperature, impl=self.impl, with_values=with_values,
+                prompt_group=self.prompt_group, always_share=self.always_share)
+
 
 def _row_chunks(rows, chunk: int, sharding, pack: PackPolicy | None = None):
   """(prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR, packing) of `rows` (a RolloutBatch or
@@ -81,9 +102,7 @@ def policy_logprobs(params, rows, spec: RecomputeSpec, *, vparams=None, with_val
   the value head `vparams`, zero unless with_values)."""
   if spec.rowwise:
     return _rowwise_logprobs(params, rows, spec, vparams=vparams, with_values=with_values)
-  outs = [sharding_lib.fetch(_chunk(params, vparams, *args, model_cfg=spec.model_cfg, temperature=spec.temperature,
-                                impl=spec.impl, with_values=with_values, prompt_group=spec.prompt_group,
-                                always_share=spec.always_share))
+  outs = [sharding_lib.fetch(spec.run_chunk(params, vparams, args, with_values=with_values))
           for args in _row_chunks(rows, spec.chunk, spec.sharding, spec.pack)]
   return (np.concatenate([o[0] for o in outs]).astype(np.float32),
           np.concatenate([o[1] for o in outs]).astype(np.float32))

@@ -49,9 +49,12 @@ class RunData:
 
 
 def check_batch_shards(cfg, shards: int) -> None:
-  """The step's prompts and the micro-batch split evenly over the mesh's batch shards."""
-  for name, size in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
-                     ("train.micro_batch_size (or the mini-batch)", cfg.micro_batch_size)):
+  """The step's prompts, its micro-batch and the warm start's split evenly over the mesh's batch shards."""
+  sizes = [("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
+           ("train.micro_batch_size (or the mini-batch)", cfg.micro_batch_size)]
+  if cfg.sft.steps:  # (an extension's warm start, without one of the run's, checks in run_sft)
+    sizes.append(("sft.micro_batch_size (or sft.batch_size)", cfg.sft.micro_batch_size or cfg.sft.batch_size))
+  for name, size in sizes:
     if size % shards:
       raise ConfigError(f"config.{name}={size} must be a multiple of the {shards} batch shards of the mesh "
                         f"(mesh.data x mesh.fsdp)")

@@ -71,7 +71,7 @@ def generate_step(ctx: StepContext, step: int, sampler_params, key) -> Generated
   ctx.engine.sync(sampler_params, sampler_version(step, ctx.cfg.rollout.staleness))
   sync_s = time.time() - t0
   smp, rollout_s = _sample_round(ctx, key, 0)
-  stats = ctx.engine.metrics() if hasattr(ctx.engine, "metrics") else {}
+  stats = ctx.engine.metrics()
   return Generated(samples=smp, rollout_s=rollout_s, sync_s=sync_s, data_state=copy.deepcopy(ctx.pipeline.get_state()),
                    engine_stats=dict(stats))
 
@@ -178,7 +178,7 @@ def rollout_and_score(ctx: StepContext, state: TrainState, key, first: Generated
     stats.update({"rollout/version_lag_mean": float(np.mean(lag)), "rollout/version_lag_min": float(lag.min()),
                   "rollout/version_lag_max": float(lag.max())})
   engine_stats = first.engine_stats  # an engine's own counters (requests, retries, restarts, sync seconds)
-  if rounds.refills and hasattr(ctx.engine, "metrics"):  # refilled here: the counters after the last round
+  if rounds.refills:  # refilled here: the counters after the last round
     engine_stats = dict(ctx.engine.metrics())
   stats.update(engine_stats)
   if samples.episodic:  # every episode the step ran, the refill rounds' too
@@ -221,9 +221,7 @@ def build_batch(ctx: StepContext, state: TrainState, sb: ScoredBatch) -> tuple[T
   context_BR = samples.context_BR & keep_B[:, None]
   B, R = mask_BR.shape
   zeros = np.zeros((B, R), np.float32)
-  spec = RecomputeSpec(model_cfg=ctx.model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
-                       chunk=cfg.micro_batch_size, sharding=ctx.batch_sharding, prompt_group=cfg.prompt_group,
-                       always_share=cfg.train.share_prompt == "on", pack=ctx.pack, rowwise=cfg.rollout.exact)
+  spec = RecomputeSpec.from_run(cfg, ctx.model_cfg, sharding=ctx.batch_sharding, pack=ctx.pack)
   if cfg.prompt_group > 1:
     check_shared_prompts(samples.prompt_BP, samples.prompt_mask_BP, cfg.prompt_group)
   prox_logp, values = zeros, zeros

@@ -84,6 +84,16 @@ class UpdateSpec:
   prox_source: str = "recompute"  # log pi_prox: the batch's recompute | detach (this pass's, gradient stopped) | behaviour (mu); training/prox.py
   extra_terms: tuple[tuple[str, ExtraTerm], ...] = ()
 
+  @classmethod
+  def from_run(cls, cfg, model_cfg: model_lib.ModelConfig, extra_terms: tuple = ()) -> "UpdateSpec":
+    """The update of the run config `cfg` (after `with_micro_batch`) with the extensions' loss terms:
+    what the trainer compiles (Trainer.make_updater) and the compile command lowers (tpu/programs.py)."""
+    return cls(model_cfg=model_cfg, objective=cfg.objective, group_size=cfg.rollout.group_size,
+               n_micro=cfg.mini_batch_size // cfg.micro_batch_size, temperature=cfg.rollout.temperature,
+               impl=cfg.kernels.impl, use_value=cfg.use_value, extra_terms=tuple(extra_terms),
+               prox_source=cfg.prox.source, prompt_group=cfg.prompt_group,
+               always_share=cfg.train.share_prompt == "on")
+
 
 def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateSpec):
   obj = spec.objective

@@ -11,7 +11,7 @@ from jaxrl_llm.reward_model.config import reward_config_from_dict
 from jaxrl_llm.reward_model.defaults import reward_model_config
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.model.build import make_model
-from jaxrl_llm.training.setup import run_data
+from jaxrl_llm.training.setup import check_batch_shards, run_data
 from jaxrl_llm.training.sft import run_sft, sft_plan
 from jaxrl_llm.reward_model.trainer import RewardModelRun
 from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
@@ -60,6 +60,11 @@ def test_micro_batch_sizes_that_do_not_fit_are_one_line_errors(tmp_path):
     from_config_dict(shrink(load_config("gspo"), **{"sft.batch_size": 32, "sft.micro_batch_size": 12}))
   with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size.*must divide train\.batch_size=16"):
     reward_config_from_dict(apply_settings(reward_model_config(), {**RM, "train.micro_batch_size": 5}))
+  rl = from_config_dict(shrink(load_config("gspo"), **{"sft.steps": 5, "sft.batch_size": 32,
+                                                       "sft.micro_batch_size": 4}))
+  with pytest.raises(ConfigError, match=r"config\.sft\.micro_batch_size \(or sft\.batch_size\)=4 must be a multiple "
+                                        r"of the 8 batch shards"):
+    check_batch_shards(rl, 8)  # before the workdir, the model or the engine exist (Trainer.__init__)
   cfg = reward_config_from_dict(apply_settings(reward_model_config(), {**RM, "train.micro_batch_size": 4}))
   with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size=4 must be a multiple of the 8 batch"):
     RewardModelRun(cfg, str(tmp_path / "rm"), log=lambda s: None)

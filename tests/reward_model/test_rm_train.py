@@ -4,6 +4,7 @@ export's tokenizer in transformers."""
 
 import json
 import os
+import signal
 
 import jax
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from jaxrl_llm.checkpointing.errors import IncompatibleCheckpointError
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.learn.shell import Stopped
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.reward_model.config import reward_config_from_dict
 from jaxrl_llm.reward_model.defaults import reward_model_config
@@ -70,6 +72,24 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, quiet_lo
                                                                    if k not in moving}
   with open(tmp_path / "full" / "summary.json") as f:
     assert json.load(f)["eval_accuracy_end"] == summary["eval_accuracy_end"]
+
+  # SIGTERM during step 4: the step finishes and is saved (the run shell, learn/shell.py); the same
+  # command resumes and ends as the uninterrupted run.
+  term = RewardModelRun(cfg, str(tmp_path / "sigterm"), log=quiet_log)
+  step = term.train_batch
+
+  def step_then_term(state):
+    out = step(state)
+    if int(out[0].step) == 4:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  term.train_batch = step_then_term
+  with pytest.raises(Stopped, match="after step 4, which is saved"):
+    term.run()
+  assert RewardModelRun(cfg, str(tmp_path / "sigterm"), log=quiet_log).run()["eval_accuracy_end"] == \
+      summary["eval_accuracy_end"]
+  assert rows(tmp_path / "sigterm") == rows(tmp_path / "full")
 
   # A trained reward model reads back from its workdir.
   mesh = sharding_lib.make_mesh(cfg.mesh)

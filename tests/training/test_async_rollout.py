@@ -39,7 +39,8 @@ from jaxrl_llm.training import step as step_lib
 from jaxrl_llm.training.async_rollout import AsyncRollouts
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training import loop as loop_lib
-from jaxrl_llm.training.loop import Stopped, Trainer
+from jaxrl_llm.learn.shell import Stopped
+from jaxrl_llm.training.loop import Trainer
 from jaxrl_llm.training.provenance import plain_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sampling"))
@@ -263,6 +264,9 @@ class _Engine:
 
   def sync(self, params, version):
     self.synced.append((params, version))
+
+  def metrics(self):
+    return {}
 
   def generate(self, prompts, key):
     self.calls += 1

@@ -253,13 +253,15 @@ def test_an_old_workdir_config_reads_into_the_new_run_config(tmp_path):
 
 
 def test_an_old_workdir_resumes_with_the_same_settings_and_is_rewritten_in_the_new_layout(tmp_path):
+  from jaxrl_llm.checkpointing.provenance import record_config
   from jaxrl_llm.checks import ConfigError
   from jaxrl_llm.training import provenance
 
   cfg, old = _old_and_new()
+  defaults = lambda: provenance.run_defaults(cfg.method)  # noqa: E731 (as the trainer's run shell passes them)
   assert provenance.result_changes(old, provenance.plain_config(cfg)) == {}
   (tmp_path / "config.json").write_text(json.dumps(old))
-  provenance.check_and_record(str(tmp_path), cfg, resuming=True, allow_change=False, log=None)
+  record_config(str(tmp_path), cfg, resuming=True, allow_change=False, log=None, defaults=defaults)
   saved = json.loads((tmp_path / "config.json").read_text())
   assert saved == provenance.plain_config(cfg)
   assert saved["rollout"]["server"]["sync_every"] == 2 and "server_url" not in saved["rollout"]
@@ -271,7 +273,7 @@ def test_an_old_workdir_resumes_with_the_same_settings_and_is_rewritten_in_the_n
   (tmp_path / "config.json").write_text(json.dumps(changed))
   assert provenance.result_changes(changed, provenance.plain_config(cfg)) == {"rollout.server.retries": (3, 5)}
   with pytest.raises(ConfigError, match=r"another config, .*: rollout\.server\.retries: 3 -> 5\. Rerun"):
-    provenance.check_and_record(str(tmp_path), cfg, resuming=True, allow_change=False, log=None)
+    record_config(str(tmp_path), cfg, resuming=True, allow_change=False, log=None, defaults=defaults)
 
 
 @pytest.mark.parametrize("argv,message", [
