@@ -43,8 +43,8 @@ from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model import KVCache, forward, init_cache, logits, unstack_layers
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
-from jaxrl_llm.sampling.generate import _check_prompts, _resolve_data_axis, sampler_model_config
-from jaxrl_llm.sampling.loop import DecodeState, _record, cast_params, decode_step, shard_rows
+from jaxrl_llm.sampling.generate import check_prompt_tokens, resolve_data_axis, sampler_model_config
+from jaxrl_llm.sampling.loop import DecodeState, cast_params, decode_step, record_sample, shard_rows
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH, Rollout
 
 
@@ -105,7 +105,7 @@ def admit(params: dict, state: DecodeState, prompt_BE: jax.Array, prompt_mask_BE
       topk_logp_BRK=None if state.topk_logp_BRK is None else fresh(new_B, state.topk_logp_BRK, 0.0),
       finish_reason_B=jnp.where(new_B, FINISH_LENGTH, state.finish_reason_B),
       length_B=jnp.where(new_B, 0, state.length_B))
-  return shard_rows(_record(state, logits_BV, cfg), mesh, data_axis)
+  return shard_rows(record_sample(state, logits_BV, cfg), mesh, data_axis)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "chunk", "mesh", "data_axis"),
@@ -158,7 +158,7 @@ def generate_continuous(params: dict, model_cfg: ModelConfig, prompt_tokens_BP, 
     key = jax.random.wrap_key_data(key)  # a raw uint32 key: the same draws, typed
   cfg.check_vocab(model_cfg.vocab_size)
   tokens_np, mask_np = np.asarray(prompt_tokens_BP), np.asarray(prompt_mask_BP).astype(bool)
-  _check_prompts(tokens_np, mask_np, model_cfg.vocab_size)
+  check_prompt_tokens(tokens_np, mask_np, model_cfg.vocab_size)
   B0, n, R, K = tokens_np.shape[0], cfg.n_samples, cfg.max_new_tokens, cfg.record_topk
   # Prompts right-aligned in a block of the padded width P.
   lengths = mask_np.sum(axis=1)
@@ -169,7 +169,7 @@ def generate_continuous(params: dict, model_cfg: ModelConfig, prompt_tokens_BP, 
     block[i, P - lengths[i]:], block_mask[i, P - lengths[i]:] = tokens_np[i][mask_np[i]], True
   data_axis, rows = (), None
   if mesh is not None:
-    data_axis = _resolve_data_axis(mesh, None)
+    data_axis = resolve_data_axis(mesh, None)
     shards = int(np.prod([mesh.shape[a] for a in data_axis]))
     if slots % shards:
       raise ValueError(f"generate_continuous: slots={slots} do not split evenly over data_axis {data_axis!r} of "

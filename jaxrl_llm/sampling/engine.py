@@ -202,7 +202,7 @@ class JaxSampler:
     self.slots, self.chunk = slots, chunk  # rollout.continuous_slots, rollout.decode_chunk
     if slots and batch_sharding is not None:
       mesh = batch_sharding.mesh
-      shards = int(np.prod([mesh.shape[a] for a in generate_lib._resolve_data_axis(mesh, None)]))  # pylint: disable=protected-access
+      shards = int(np.prod([mesh.shape[a] for a in generate_lib.resolve_data_axis(mesh, None)]))
       if slots % shards:
         raise ConfigError(f"config.rollout.continuous_slots={slots} is invalid: the slots split over the mesh's "
                           f"{shards} batch shards, so allowed a multiple of {shards}")

@@ -24,7 +24,8 @@ def sampler_model_config(model_cfg: ModelConfig, cfg: SamplingConfig) -> ModelCo
   return model_cfg.replace(param_dtype=cfg.dtype, compute_dtype=cfg.dtype)
 
 
-def _check_prompts(prompt_tokens_BP, prompt_mask_BP, vocab_size: int) -> None:
+def check_prompt_tokens(prompt_tokens_BP, prompt_mask_BP, vocab_size: int) -> None:
+  """Refuse prompts that are not [batch, prompt_len] token ids of the vocabulary with a boolean mask."""
   for name, x in (("prompt_tokens_BP", prompt_tokens_BP), ("prompt_mask_BP", prompt_mask_BP)):
     if getattr(x, "ndim", None) != 2:
       raise ValueError(f"generate: {name} must be a 2-D [batch, prompt_len] array, got shape {getattr(x, 'shape', None)}")
@@ -54,7 +55,7 @@ def _check_prompts(prompt_tokens_BP, prompt_mask_BP, vocab_size: int) -> None:
                        f"[{int(real.min())}, {int(real.max())}]")
 
 
-def _resolve_data_axis(mesh: Mesh, data_axis) -> tuple[str, ...]:
+def resolve_data_axis(mesh: Mesh, data_axis) -> tuple[str, ...]:
   """data_axis as a tuple of mesh axis names; None: the model's batch axes
   (model.sharding.BATCH_AXES) that the mesh has."""
   if data_axis is None:
@@ -102,11 +103,11 @@ def generate(params: dict, model_cfg: ModelConfig, prompt_tokens_BP: jax.Array,
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape != ():
     raise ValueError(f"generate: key must be a single PRNG key, got shape {key.shape}")
   cfg.check_vocab(model_cfg.vocab_size)
-  _check_prompts(prompt_tokens_BP, prompt_mask_BP, model_cfg.vocab_size)
+  check_prompt_tokens(prompt_tokens_BP, prompt_mask_BP, model_cfg.vocab_size)
   cache_len = cfg.cache_slots(prompt_tokens_BP.shape[1])
   run_cfg = sampler_model_config(model_cfg, cfg)
   if mesh is not None:
-    data_axis = _resolve_data_axis(mesh, data_axis)
+    data_axis = resolve_data_axis(mesh, data_axis)
     shards = int(np.prod([mesh.shape[a] for a in data_axis]))
     B0 = prompt_tokens_BP.shape[0]
     if (B0 * cfg.n_samples) % shards:

@@ -109,7 +109,7 @@ def _ends_with(tokens_BR: jax.Array, tok_B: jax.Array, t: jax.Array, seq: tuple[
   return match_B
 
 
-def _record(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> DecodeState:
+def record_sample(state: DecodeState, logits_BV: jax.Array, cfg: SamplingConfig) -> DecodeState:
   """Samples token `state.step` (row b's `state.step_B[b]` when set) from logits_BV and writes it into
   the record."""
   t = state.step if state.step_B is None else state.step_B
@@ -204,7 +204,7 @@ def start_state(cache: KVCache, logits_B0V: jax.Array, prompt_len_B0: jax.Array,
       length_B=jnp.zeros((B,), jnp.int32),
       budget_B=None if budget_B0 is None else rep(budget_B0.astype(jnp.int32)),
   )
-  return shard_rows(_record(shard_rows(state, mesh, data_axis), rep(logits_B0V), cfg), mesh, data_axis)
+  return shard_rows(record_sample(shard_rows(state, mesh, data_axis), rep(logits_B0V), cfg), mesh, data_axis)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "cache_len", "mesh", "data_axis"))
@@ -291,7 +291,7 @@ def decode_step(params: dict, s: DecodeState, *, model_cfg: ModelConfig, cfg: Sa
   positions_B1 = (s.prompt_len_B + (s.step if s.step_B is None else s.step_B) - 1)[:, None]
   hidden_B1D, cache = forward(params, model_cfg, s.last_B[:, None], positions_B1, s.active_B[:, None], s.cache)
   logits_BV = logits(params, model_cfg, hidden_B1D)[:, 0]
-  return shard_rows(_record(s.replace(cache=cache), logits_BV, cfg), mesh, data_axis)
+  return shard_rows(record_sample(s.replace(cache=cache), logits_BV, cfg), mesh, data_axis)
 
 
 # The state is donated and returned: the loop writes the cache and the record

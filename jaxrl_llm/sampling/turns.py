@@ -47,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
-from jaxrl_llm.sampling.generate import _resolve_data_axis, sampler_model_config
+from jaxrl_llm.sampling.generate import resolve_data_axis, sampler_model_config
 from jaxrl_llm.sampling.loop import DecodeState, decode, extend, prefill
 from jaxrl_llm.sampling.rollout import FINISH_STOP
 
@@ -118,7 +118,7 @@ def _rows(mesh: Mesh | None, B: int, who: str) -> tuple[tuple[str, ...], NamedSh
   """The batch axes rows are split over, and that sharding (none without a mesh)."""
   if mesh is None:
     return (), None
-  data_axis = _resolve_data_axis(mesh, None)
+  data_axis = resolve_data_axis(mesh, None)
   shards = int(np.prod([mesh.shape[a] for a in data_axis]))
   if B % shards:
     raise ValueError(f"{who}: {B} contexts do not split evenly over data_axis {data_axis!r} of size {shards}")
