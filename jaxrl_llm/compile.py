@@ -175,7 +175,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   from jaxrl_llm.checks import ConfigError
-  from jaxrl_llm.tpu import report
+  from jaxrl_llm.tpu import plan_report as report
   from jaxrl_llm.training.config import from_config_dict
 
   if _CONFIG.value is None:

@@ -5,10 +5,10 @@
 
 Panels: reward, eval accuracy, KL to the reference, entropy, clip and mask
 fractions, response length, each against the RL step; a panel with no
-matching metric says so. The figure is drawn by jaxrl_llm/rundir/report.py.
+matching metric says so. The figure is drawn by jaxrl_llm/rundir/report_figure.py.
 """
 
-from jaxrl_llm.rundir.report import write_report
+from jaxrl_llm.rundir.report_figure import write_report
 
 
 def main(argv):

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from jaxrl_llm.tpu.report import MULTI_HOST  # the plan's own words for a multi-host row
+from jaxrl_llm.tpu.plan_report import MULTI_HOST  # the plan's own words for a multi-host row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxrl_llm.rundir import report
+from jaxrl_llm.rundir import report_figure as report
 
 
 def fake_run(workdir, seed, steps=40):

@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from jaxrl_llm.lab.grid import slug
-from jaxrl_llm.rundir.report import smooth
+from jaxrl_llm.rundir.report_figure import smooth
 
 
 def _pyplot():

@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from jaxrl_llm.rundir.metrics import load_run, series
-from jaxrl_llm.rundir.report import smooth
+from jaxrl_llm.rundir.report_figure import smooth
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
     <workdir>/metrics.jsonl      one JSON row per logged RL step        metrics.py: MetricsWriter, read_metrics
     <workdir>/tb/                the same rows as TensorBoard events    metrics.py: TensorBoardWriter
     <workdir>/summary.json       the run's end: evaluations, rewards    metrics.py: write_summary, load_run
-    <workdir>/report.png         the training curves                    report.py: write_report
+    <workdir>/report.png         the training curves                    report_figure.py: write_report
     <workdir>/dumps/step_N.*     a step's token-weight dump             token_dump.py: write_dump, read_dump
     <workdir>/dumps/step_N.html  that step's inspector page             inspect_page.py, inspect_page.html
 

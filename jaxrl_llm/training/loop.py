@@ -29,7 +29,7 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.extension import Extension, SetupEnv
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.rundir.metrics import write_summary
-from jaxrl_llm.rundir.report import write_report_safely
+from jaxrl_llm.rundir.report_figure import write_report_safely
 from jaxrl_llm.sampling.engine import make_engine
 from jaxrl_llm.sampling.exact import ExactEngine
 from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts

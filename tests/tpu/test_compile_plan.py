@@ -37,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 from jaxrl_llm import cli  # noqa: E402
 from jaxrl_llm import compile as compile_lib  # noqa: E402
 from jaxrl_llm import kernels  # noqa: E402
-from jaxrl_llm.tpu import analysis, forecast, report  # noqa: E402
+from jaxrl_llm.tpu import analysis, forecast, plan_report as report  # noqa: E402
 from jaxrl_llm.tpu.chips import CHIPS, GIB, KERNEL_LAUNCH_S, PROGRAM_LAUNCH_S  # noqa: E402
 from jaxrl_llm.tpu.ici import Links  # noqa: E402
 from jaxrl_llm.tpu.programs import lower_recompute, lower_update, param_sds, run_programs  # noqa: E402

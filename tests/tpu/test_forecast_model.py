@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from jaxrl_llm.tpu import analysis, forecast, report
+from jaxrl_llm.tpu import analysis, forecast, plan_report as report
 from jaxrl_llm.tpu.chips import CHIPS, GB, GIB, ICI_HOP_S, KERNEL_LAUNCH_S, PROGRAM_LAUNCH_S, chip_for
 from jaxrl_llm.tpu.ici import Links
 

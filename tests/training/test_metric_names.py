@@ -1,6 +1,6 @@
 """The names the report and the lab read are names a real run writes.
 
-Both read metrics.jsonl by name (rundir/report.py's panels, lab/results.py's columns). The names are
+Both read metrics.jsonl by name (rundir/report_figure.py's panels, lab/results.py's columns). The names are
 taken from real short runs here and from those two modules' sources, so a renamed metric fails
 this test instead of leaving an empty panel or a blank column.
 """
@@ -13,7 +13,7 @@ import pytest
 from run_helpers import load_config, make_trainer, shrink
 
 from jaxrl_llm.lab import results as lab_results
-from jaxrl_llm.rundir import report
+from jaxrl_llm.rundir import report_figure as report
 from jaxrl_llm.training.config import from_config_dict
 
 # Two runs that between them log every family of metrics: GSPO (a trust region on r, a KL to the
