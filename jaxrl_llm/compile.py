@@ -44,7 +44,7 @@ _OUT = flags.DEFINE_string("out", "", "a directory for plan.json and plan.md")
 _NO_FORECAST = flags.DEFINE_bool("fit_only", False, "compile the run's programs only (memory, kernels, "
                                  "collectives), not the cost probes of the forecast")
 _PROGRAMS = flags.DEFINE_string("programs", "", "compile only these programs: names or prefixes, comma-separated "
-                                "(rollout, rollout/decode, recompute, update, ...; a decode loop brings its "
+                                "(rollout, rollout/decode, recompute, update, reward, ...; a decode loop brings its "
                                 "prefill); the step's forecast then sums only them. Default: every program")
 cli.define_debug_flag()
 
@@ -82,7 +82,7 @@ def _base_model_config(cfg, model: str, tokenizer):
 def build_shapes(cfg, model: str, devices):
   """The run as `Trainer` builds it, as shapes over `devices` -> tpu.programs.RunShapes."""
   from jaxrl_llm.model import sharding as sharding_lib
-  from jaxrl_llm.tpu.programs import EVAL_BATCH, RunShapes
+  from jaxrl_llm.tpu.programs import RunShapes
   from jaxrl_llm.training import setup
   from jaxrl_llm.training.config import AUTO_MICRO_BATCH_TOKENS
   from jaxrl_llm.training.optimizers import run_optimizers
@@ -102,10 +102,35 @@ def build_shapes(cfg, model: str, devices):
   sharding_lib.check_divisible(model_cfg, data.mesh)
   opts = run_optimizers(cfg)
   shards = data.batch_shards
-  eval_rows = -(-min(EVAL_BATCH, len(data.eval_examples)) // shards) * shards
+  eval_rows = -(-min(cfg.eval.batch_size, len(data.eval_examples)) // shards) * shards  # Evaluator._batches
   return RunShapes(cfg=cfg, model_cfg=model_cfg, mesh=data.mesh, sampling=cfg.rollout.sampling(data.tokenizer),
                    eval_sampling=cfg.rollout.sampling(data.tokenizer, greedy=True), tx=opts.tx, vtx=opts.vtx,
                    eval_rows=eval_rows)
+
+
+def is_reward_config(cd) -> bool:
+  """A reward-model run's config (reward_model/defaults.py: `objective` is a name, not a section)."""
+  return isinstance(cd.get("objective"), str)
+
+
+def build_reward_shapes(cfg, model: str, devices):
+  """The reward-model run as `RewardModelRun` builds it, as shapes over `devices` (its data read and
+  encoded: their length T) -> tpu.reward_programs.RewardShapes."""
+  from jaxrl_llm.checks import ConfigError
+  from jaxrl_llm.model import sharding as sharding_lib
+  from jaxrl_llm.reward_model.trainer import micro_batch_size, reward_data
+  from jaxrl_llm.tpu.reward_programs import reward_shapes
+
+  mesh = sharding_lib.make_mesh(cfg.mesh, devices)
+  shards = sharding_lib.batch_shards(mesh)
+  if micro_batch_size(cfg) % shards:  # as RewardModelRun checks it
+    field = "micro_batch_size" if cfg.train.micro_batch_size else "batch_size"
+    raise ConfigError(f"config.train.{field}={getattr(cfg.train, field)} must be a multiple of the {shards} batch "
+                      "shards of the mesh (mesh.data x mesh.fsdp)")
+  data = reward_data(cfg)
+  model_cfg = model_config(cfg, model, data.tokenizer)
+  sharding_lib.check_divisible(model_cfg, mesh)
+  return reward_shapes(cfg, model_cfg, mesh, data)
 
 
 def select_programs(programs: list, wanted: str) -> list:
@@ -128,8 +153,8 @@ def select_programs(programs: list, wanted: str) -> list:
 
 
 def plan(cfg, topology: str, model: str = "", *, probes: bool = True, programs: str = "", log=print):
-  """-> (head, reports, step summary, chip) of `cfg` compiled for `topology` (`programs`: only those,
-  `select_programs`)."""
+  """-> (head, reports, step summary, chip) of `cfg` (an RL run's RunConfig or a reward-model run's
+  RewardModelConfig) compiled for `topology` (`programs`: only those, `select_programs`)."""
   import jax
 
   from jaxrl_llm.checks import ConfigError
@@ -138,6 +163,8 @@ def plan(cfg, topology: str, model: str = "", *, probes: bool = True, programs: 
   from jaxrl_llm.tpu.chips import chip_for
   from jaxrl_llm.tpu.programs import run_programs
   from jaxrl_llm.tpu.topology import check_one_device_per_chip, topology_devices
+
+  reward = not hasattr(cfg, "rollout")  # reward_model/config.py's RewardModelConfig
 
   devices, topo = topology_devices(topology)
   check_one_device_per_chip(devices, topology)
@@ -148,15 +175,30 @@ def plan(cfg, topology: str, model: str = "", *, probes: bool = True, programs: 
   hbm = analysis.compiler_hbm(devices[0])  # the fit check's HBM: the compiler's own, where it says
   if hbm:
     chip = dataclasses.replace(chip, hbm_bytes=hbm)
-  shapes = build_shapes(cfg, model, devices)
-  mc, c = shapes.model_cfg, shapes.cfg
+  if reward:
+    from jaxrl_llm.tpu.reward_programs import reward_programs
+
+    shapes = build_reward_shapes(cfg, model, devices)
+    mc, c = shapes.model_cfg, shapes.cfg
+    all_programs = reward_programs(shapes)
+    run = {"method": f"{c.run_name} ({c.objective})", "rows": shapes.rows, "seq_len": shapes.seq_len,
+           "micro_batch": shapes.micro_batch_size,
+           "shapes": f"{shapes.rows} {'solutions' if c.process else 'pairs'} a step, {shapes.seq_len} tokens a "
+                     "sequence"}
+  else:
+    shapes = build_shapes(cfg, model, devices)
+    mc, c = shapes.model_cfg, shapes.cfg
+    all_programs = run_programs(shapes)
+    run = {"method": c.run_name, "prompts": c.rollout.prompts_per_step, "group": c.rollout.group_size,
+           "prompt_len": shapes.prompt_len, "response_len": shapes.response_len,
+           "micro_batch": c.micro_batch_size, "kernels_impl": c.kernels.impl,
+           "shapes": f"Rollout: {c.rollout.prompts_per_step} prompts x {c.rollout.group_size} samples, "
+                     f"{shapes.prompt_len} prompt + {shapes.response_len} response tokens"}
   head = {"topology": topo, "chips": len(devices) // chip.devices_per_chip, "devices": len(devices),
           "hosts": len({d.process_index for d in devices}),
           "mesh": "x".join(f"{k} {v}" for k, v in shapes.mesh.shape.items()),
           "model": model or (os.path.basename(c.model.hf_path.rstrip("/")) if c.model.hf_path else "config's model"),
-          "method": c.run_name, "prompts": c.rollout.prompts_per_step, "group": c.rollout.group_size,
-          "prompt_len": shapes.prompt_len, "response_len": shapes.response_len,
-          "micro_batch": c.micro_batch_size, "kernels_impl": c.kernels.impl,
+          **run,
           "dtypes": f"params {mc.param_dtype}, compute {mc.compute_dtype}, remat {mc.remat}",
           "layers": mc.n_layers, "params": sum(int(x.size) for x in jax.tree.leaves(param_shapes(mc))),
           "hbm_per_device": f"{chip.hbm_bytes / 2**30:.2f} GiB ({'the compiler' if hbm else 'tpu/chips.py'})"}
@@ -164,7 +206,7 @@ def plan(cfg, topology: str, model: str = "", *, probes: bool = True, programs: 
   size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
   log(f"{head['model']}: {size} params; {topo}: {len(devices)} devices "
       f"({chip.generation}, {chip.devices_per_chip} per chip), {head['hosts']} hosts; mesh {head['mesh']}")
-  chosen = select_programs(run_programs(shapes), programs)
+  chosen = select_programs(all_programs, programs)
   if programs:
     head["programs"] = [p.name for p in chosen]
   reports = forecast.forecast_programs(shapes, chosen, chip, probes=probes, log=log)
@@ -183,7 +225,12 @@ def main(argv):
   if not _TOPOLOGY.value:
     raise ConfigError("--topology is required: a TPU topology such as v5e:2x4 or v5p:4x4x4, or an accelerator "
                       "type such as v5p-64")
-  cfg = from_config_dict(_CONFIG.value)
+  if is_reward_config(_CONFIG.value):
+    from jaxrl_llm.reward_model.config import reward_config_from_dict
+
+    cfg = reward_config_from_dict(_CONFIG.value)
+  else:
+    cfg = from_config_dict(_CONFIG.value)
   t0 = time.time()
   head, reports, step, chip = plan(cfg, _TOPOLOGY.value, _MODEL.value, probes=not _NO_FORECAST.value,
                                    programs=_PROGRAMS.value)

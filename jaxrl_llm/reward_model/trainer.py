@@ -223,6 +223,40 @@ def process_norm(mb) -> jax.Array:
   return jnp.sum(step_NT.astype(jnp.float32) * weight_N.astype(jnp.float32)[:, None])
 
 
+def reward_optimizer(cfg: RewardModelConfig):
+  """(the learning-rate schedule, the AdamW transformation) of the run's `train` section."""
+  tr = cfg.train
+  schedule = warmup_schedule(tr.lr, tr.warmup_steps, tr.steps, decay_to=tr.lr_decay_to)
+  return schedule, adamw(schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay, clip_norm=tr.clip_norm)
+
+
+def micro_batch_size(cfg: RewardModelConfig) -> int:
+  """Rows per micro-batch: train.micro_batch_size, or where it is 0 the whole batch (train.batch_size)."""
+  return cfg.train.micro_batch_size or cfg.train.batch_size
+
+
+def reward_steps(cfg: RewardModelConfig, model_cfg, tx, batch_shardings, rows_sharding, slots: dict, ref_sharding):
+  """(the learner's optimizer step, the jitted held-out step) of the configured objective for a state
+  placed like `slots` ({MODEL: Slot(trees, opt_state)}, arrays or shapes) and DPO's reference like
+  `ref_sharding`: what `RewardModelRun` runs and the compile command lowers (tpu/reward_programs.py)."""
+  loss_fn = functools.partial(reward_loss, model_cfg=model_cfg, center_coef=cfg.train.center_coef,
+                              process=cfg.process, dpo=cfg.dpo if cfg.dpo_run else None)
+  norms_fn = process_norm if cfg.process else pair_norm
+  spec = LearnSpec(loss_fn=loss_fn, norms_fn=norms_fn, groups=(Group(MODEL, tx),),
+                   n_micro=cfg.train.batch_size // micro_batch_size(cfg),
+                   report=lambda out: {"loss": out.loss, "stats": out.sums, "grad_norm": out.grad_norm[MODEL],
+                                       "skipped": out.skipped[MODEL]})
+  learner = make_learner(spec, slots, {MODEL: None}, (batch_shardings, rows_sharding), aux_sharding=ref_sharding)
+
+  @functools.partial(jax.jit, in_shardings=(jax.tree.map(lambda a: a.sharding, slots[MODEL].params),
+                                            (batch_shardings, rows_sharding), ref_sharding))
+  def eval_step(trees, batch, ref):
+    out = loss_fn({MODEL: trees}, batch, ref, norms_fn(batch))
+    return out.loss, out.sums
+
+  return learner, eval_step
+
+
 class RewardModelRun:
   """One reward-model run in `workdir`: `run()` does everything (see the module docstring)."""
 
@@ -231,7 +265,7 @@ class RewardModelRun:
     self.cfg, self.workdir, self.log = cfg, workdir, log
     self.mesh = sharding_lib.make_mesh(cfg.mesh, devices)
     shards = sharding_lib.batch_shards(self.mesh)
-    self.micro_batch_size = cfg.train.micro_batch_size or cfg.train.batch_size
+    self.micro_batch_size = micro_batch_size(cfg)
     if self.micro_batch_size % shards:
       field = "micro_batch_size" if cfg.train.micro_batch_size else "batch_size"
       raise ConfigError(f"config.train.{field}={getattr(cfg.train, field)} must be a multiple of the {shards} batch "
@@ -246,9 +280,7 @@ class RewardModelRun:
     self.data = reward_data(cfg)
     if cfg.export:
       check_exportable(cfg, self.data)
-    tr = cfg.train
-    self.schedule = warmup_schedule(tr.lr, tr.warmup_steps, tr.steps, decay_to=tr.lr_decay_to)
-    self.tx = adamw(self.schedule, b1=tr.b1, b2=tr.b2, weight_decay=tr.weight_decay, clip_norm=tr.clip_norm)
+    self.schedule, self.tx = reward_optimizer(cfg)
     self.batch_shardings = tuple(sharding_lib.batch_sharding(self.mesh, ndim=a.ndim)
                                  for a in batch_arrays(self.data.train))
     self.rows1 = sharding_lib.batch_sharding(self.mesh, ndim=1)
@@ -276,26 +308,9 @@ class RewardModelRun:
     return snapshot(state.params)
 
   def _compile(self, state: RewardState) -> None:
-    cfg = self.cfg
-    loss_fn = functools.partial(reward_loss, model_cfg=self.model_cfg, center_coef=cfg.train.center_coef,
-                                process=cfg.process, dpo=cfg.dpo if cfg.dpo_run else None)
-    norms_fn = process_norm if cfg.process else pair_norm
-    spec = LearnSpec(loss_fn=loss_fn, norms_fn=norms_fn, groups=(Group(MODEL, self.tx),),
-                     n_micro=cfg.train.batch_size // self.micro_batch_size,
-                     report=lambda out: {"loss": out.loss, "stats": out.sums, "grad_norm": out.grad_norm[MODEL],
-                                         "skipped": out.skipped[MODEL]})
     ref_sh = jax.tree.map(lambda a: a.sharding, self.ref_params)
-    slots = {MODEL: Slot(state.trees(), state.opt_state)}
-    self.learner = make_learner(spec, slots, {MODEL: None}, (self.batch_shardings, self.rows1),
-                                aux_sharding=ref_sh)
-
-    @functools.partial(jax.jit, in_shardings=(jax.tree.map(lambda a: a.sharding, state.trees()),
-                                              (self.batch_shardings, self.rows1), ref_sh))
-    def eval_step(trees, batch, ref):
-      out = loss_fn({MODEL: trees}, batch, ref, norms_fn(batch))
-      return out.loss, out.sums
-
-    self.eval_step = eval_step
+    self.learner, self.eval_step = reward_steps(self.cfg, self.model_cfg, self.tx, self.batch_shardings,
+                                                self.rows1, {MODEL: Slot(state.trees(), state.opt_state)}, ref_sh)
 
   def _device_batch(self, arrays, weight_B: np.ndarray):
     """(the arrays of `arrays` on the mesh, weight_B on the mesh)."""

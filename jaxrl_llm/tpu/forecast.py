@@ -141,11 +141,17 @@ def model_flops(mc, *, rows: int, seq: int, head_rows: int, train: bool, context
 
 
 def _program_model_flops(p: Program, shapes: RunShapes, mc) -> float:
+  if p.flops is not None:
+    return p.flops(mc)
   P_, R = shapes.prompt_len, shapes.response_len
   cfg = shapes.cfg
-  if p.name == "update":
+  if p.name in ("update", "update/packed", "recompute/packed"):
     rows = cfg.micro_batch_size * p.loop
-    return model_flops(mc, rows=rows, seq=P_ + R, head_rows=rows * R, train=True)
+    train = p.name != "recompute/packed"
+    if p.layout is None:
+      return model_flops(mc, rows=rows, seq=P_ + R, head_rows=rows * R, train=train)
+    S, n = p.layout  # n buffers of S slots per micro-batch (chunk)
+    return model_flops(mc, rows=n * p.loop, seq=S, head_rows=rows * R, train=train)
   if p.name == "sft":
     b = cfg.sft.batch_size
     return model_flops(mc, rows=b, seq=P_ + R, head_rows=b * R, train=True)
@@ -257,10 +263,9 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
   n_dev = mesh.devices.size
   links = Links.of(mesh.devices.flat, chip)
   params = param_sds(mc, mesh)
-  cfg = shapes.cfg
   opt = opt_sds(shapes.tx, lora.trainable(params), mesh)
   p_bytes, o_bytes = bytes_per_chip(params), bytes_per_chip(opt)
-  copies = int(cfg.objective.needs_ref or cfg.log.kl_to_ref) + cfg.rollout.staleness  # pi_ref, lagged samplers
+  copies = shapes.param_copies  # pi_ref, lagged samplers
   copy_bytes = bytes_per_chip(lora.trainable(params))  # a snapshot copies what trains (learn/learner.snapshot)
   reports, full_prefill, probe_prefill = [], {}, {}
   for p in programs:
@@ -270,7 +275,7 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
     # Held beside the program: the other copies of the params always; the optimizer state except in
     # the programs that take it (update, sft: their own optimizer state is an argument).
     # (The warm start runs before the RL optimizer state and the copies exist: nothing beside it.)
-    outside = 0 if p.name == "sft" else copies * copy_bytes + (0 if p.name == "update" else o_bytes)
+    outside = 0 if p.name == "sft" else copies * copy_bytes + (0 if p.kind == "update" else o_bytes)
     if p.params_view is not None:  # the sampler's copy is the argument; the policy's stays beside it
       outside += p_bytes
     if p.kind == "decode" and p.sampling not in full_prefill:
@@ -317,7 +322,7 @@ def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *,
     if probes:
       # XLA may split a matmul into a loop of its own (a collective matmul over tensor), whose body it
       # counts once: the compute time is at least the model's FLOPs (and remat's extra forward).
-      remat = 4 / 3 if p.name in ("update", "sft") and mc.remat == "full" else 1.0
+      remat = 4 / 3 if (p.kind == "update" or p.name == "sft") and mc.remat == "full" else 1.0
       cost["model_flops_floor"] = flops * chip.peak_bf16_flops * remat
       secs, bound = roofline(cost, chip)
     else:  # fit only: one compile counts each loop body once, no forecast from it
@@ -353,12 +358,14 @@ def step_summary(reports: list[ProgramReport], shapes: RunShapes, chip: Chip) ->
   seconds = sum(r.calls_per_step * r.seconds["forecast"] for r in in_step)
   model_s = sum(r.calls_per_step * r.model_flops for r in in_step)  # model FLOPs / peak, per device
   by_stage = {r.name: r.calls_per_step * r.seconds["forecast"] for r in in_step}
-  B, R = shapes.rows, shapes.response_len
+  tokens, kind = shapes.step_tokens
   compute_bound = bool(in_step) and all(r.bound == "compute" for r in in_step)
-  return {"seconds": seconds, "sampled_tokens_per_s_per_chip": B * R / seconds / chips if seconds else 0.0,
+  rate = tokens / seconds / chips if seconds else 0.0
+  return {"seconds": seconds, "tokens_per_s_per_chip": rate, "tokens": kind,
+          **({"sampled_tokens_per_s_per_chip": rate} if kind == "sampled" else {}),
           "latency_floor_s": sum(r.calls_per_step * r.seconds["latency"] for r in in_step),
           "mfu": model_s / seconds if seconds and compute_bound else None,
           "bounding_stage": max(by_stage, key=by_stage.get) if seconds else "not forecast",
           "stage_seconds": by_stage, "stage_bounds": {r.name: r.bound for r in in_step},
           "fits": all(r.fits for r in reports),
-          "update_mfu": next((r.mfu for r in reports if r.name == "update"), None)}
+          "update_mfu": next((r.mfu for r in reports if r.name in ("update", "reward/train")), None)}

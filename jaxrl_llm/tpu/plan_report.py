@@ -42,8 +42,7 @@ def plan_markdown(head: dict, reports: list[ProgramReport], step: dict, chip: Ch
   lines = [f"### {head['model']} on {head['topology']} ({head['chips']} chips of {chip.generation}, "
            f"mesh {head['mesh']}), {head['method']}",
            "",
-           f"Rollout: {head['prompts']} prompts x {head['group']} samples, {head['prompt_len']} prompt + "
-           f"{head['response_len']} response tokens; {head['dtypes']}. Compiler forecast, per device: a roofline "
+           f"{head['shapes']}; {head['dtypes']}. Compiler forecast, per device: a roofline "
            "lower bound on time (the largest of compute, memory, collectives and latency), not a measurement; "
            "MFU only where compute binds.",
            "",
@@ -72,9 +71,11 @@ def plan_markdown(head: dict, reports: list[ProgramReport], step: dict, chip: Ch
                      f"the KV cache {d['kv_bytes'] / 1e9:.3f} GB, the weights {d['weights_bytes'] / 1e9:.3f} GB")
   secs, floor = step["seconds"], step["latency_floor_s"]
   t = lambda x: f"{x:.2f} s" if x >= 1 else f"{x * 1e3:.2f} ms"  # noqa: E731
-  lines += ["", f"RL step forecast (roofline lower bound): **{t(secs)}**, its latency floor {t(floor)}; at most "
-            f"{step['sampled_tokens_per_s_per_chip']:,.0f} sampled tokens/s/chip (upper bound); MFU "
-            f"{_pct(step['mfu'])} (update alone {_pct(step['update_mfu'])}); bound by {step['bounding_stage']}; "
+  rl = step["tokens"] == "sampled"
+  lines += ["", f"{'RL' if rl else 'Reward-model'} step forecast (roofline lower bound): **{t(secs)}**, its latency "
+            f"floor {t(floor)}; at most {step['tokens_per_s_per_chip']:,.0f} {step['tokens']} tokens/s/chip (upper "
+            f"bound); MFU {_pct(step['mfu'])}" + (f" (update alone {_pct(step['update_mfu'])})" if rl else "")
+            + f"; bound by {step['bounding_stage']}; "
             f"fits: {fits_text(step['fits'], head.get('hosts', 1))}. Not in it: the host's share of a step "
             "(rewards, device_get, dispatch), which a compile-only plan does not measure."
             + (f" Only these programs were compiled (--programs): {', '.join(head['programs'])}; the step "
@@ -92,10 +93,13 @@ def misfits(reports: list[ProgramReport], head: dict) -> list[str]:
       out.append(f"{r.name} on {head['topology']}: {r.error}")
       continue
     advice = ("raise mesh.fsdp (params and optimizer state split further)" if r.outside_bytes > r.memory["temp"]
-              else "set sft.micro_batch_size (micro-batches of the warm start's step) or model.remat=full" if r.name == "sft"
-              else "lower train.micro_batch_size or use model.remat=full" if r.name == "update"
-              else "lower train.micro_batch_size" if r.name == "recompute"
-              else "lower eval.n_examples (the evaluation decodes min(256, eval.n_examples) rows at once)"
+              else "set sft.micro_batch_size (micro-batches of the warm start's step) or model.remat=full"
+              if r.name == "sft"
+              else "lower (reward models: set) train.micro_batch_size or use model.remat=full"
+              if r.name in ("update", "update/packed", "reward/train")
+              else "lower train.micro_batch_size" if r.name in ("recompute", "recompute/packed")
+              else "lower train.batch_size (the held-out step's rows)" if r.name == "reward/eval"
+              else "lower eval.batch_size (the evaluation decodes min(eval.batch_size, eval.n_examples) rows at once)"
               if r.name.startswith("eval/")
               else "fewer rows per chip (more mesh.data / mesh.fsdp) or a shorter rollout.max_response_len")
     program = (f"{r.memory['peak'] / GIB:.2f} of temporaries, for which XLA:TPU refused it" if r.error

@@ -2,7 +2,7 @@
 
 `run_programs(plan)` returns every program a run of the config compiles,
 built from the functions and specs the trainer itself runs (`UpdateSpec.from_run`,
-`RecomputeSpec.from_run`, `run_optimizers`, `sft_learner`; nothing is copied, and
+`RecomputeSpec.from_run`, `PackPolicy.from_run`, `run_optimizers`, `sft_learner`; nothing is copied, and
 tests/training/test_program_identity.py finds the same StableHLO both ways):
 
 | program | function | calls per RL step |
@@ -11,7 +11,9 @@ tests/training/test_program_identity.py finds the same StableHLO both ways):
 | rollout/prefill | sampling.loop.prefill | 1 (dynamic sampling's refills not counted) |
 | rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
 | recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
+| recompute/packed | a chunk in the largest packing train.pack runs (PackPolicy.largest) | 0 (for a padded one) |
 | update | training.update.Updater (learn/learner.py) | epochs x mini-batches |
+| update/packed | the update, each micro-batch in that largest packing | 0 (replaces a padded update) |
 | sft | training.sft.sft_learner (learn/learner.py) | none (the warm start: sft.steps of them) |
 | eval/prefill, eval/decode | the greedy sampler of evaluation.Evaluator | none (start and end of a run) |
 
@@ -42,16 +44,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxrl_llm import model as model_lib
 from jaxrl_llm.model import lora
 from jaxrl_llm.model.heads import init_value_head
+from jaxrl_llm.model.packing import Packing
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.sampling import loop as sampler_loop
 from jaxrl_llm.sampling.generate import sampler_model_config
 from jaxrl_llm.training import recompute as recompute_lib
 from jaxrl_llm.training.batch import AUX_BEHAV_HEAD, TrainBatch
+from jaxrl_llm.training.pack import PackPolicy
 from jaxrl_llm.training.sft import sft_learner, sft_optimizer, sft_plan, sft_slots
 from jaxrl_llm.training.update import UpdateSpec, UpdateState, make_updater
-
-EVAL_BATCH = 256  # Evaluator.greedy_outcomes' batch
-
 
 @dataclasses.dataclass(frozen=True)
 class RunShapes:
@@ -84,6 +85,17 @@ class RunShapes:
     return self.cfg.mini_batch_size // self.cfg.micro_batch_size
 
   @property
+  def param_copies(self) -> int:
+    """Copies of the trained params held beside every program: pi_ref, the lagged samplers."""
+    cfg = self.cfg
+    return int(cfg.objective.needs_ref or cfg.log.kl_to_ref) + cfg.rollout.staleness
+
+  @property
+  def step_tokens(self) -> tuple[int, str]:
+    """(tokens a step makes, what they are): the rollout's sampled tokens."""
+    return self.rows * self.response_len, "sampled"
+
+  @property
   def recomputes(self) -> int:
     """Forward passes over the step's rows before the updates: pi_prox (training/prox.py), pi_ref."""
     cfg = self.cfg
@@ -105,6 +117,8 @@ class Program:
   sampling: Any = None  # prefill / decode: the SamplingConfig
   rows: int = 0  # prefill / decode: prompts in (the decode's rows are rows x n_samples)
   params_view: Callable[[Any], Any] | None = None  # params shapes -> the program's copy (the sampler's layout)
+  layout: tuple[int, int] | None = None  # a packed program's (S, buffers per chunk): PackPolicy.largest
+  flops: Callable[[Any], float] | None = None  # model config -> its model FLOPs (None: tpu/forecast.py's rule)
 
 
 # ---------------------------------------------------------------- shapes with shardings
@@ -218,16 +232,39 @@ def _value_sds(shapes: RunShapes):
   return with_shardings(vshapes, jax.tree.map(lambda _: sharding_lib.replicated(shapes.mesh), vshapes))
 
 
+def pack_policy(shapes: RunShapes) -> PackPolicy:
+  """The run's packing rule (`train.pack`), as the trainer builds it."""
+  return PackPolicy.from_run(shapes.cfg, shapes.model_cfg, sharding_lib.batch_shards(shapes.mesh))
+
+
+def packing_sds(shapes: RunShapes, layout: tuple[int, int] | None, rows: int, chunks: int = 1) -> Packing | None:
+  """The model/packing.Packing of `rows` rows in `chunks` chunks of n buffers of S slots each
+  (`layout` = (S, n), PackPolicy.largest), as shapes placed like the batch; None for the padded layout."""
+  if layout is None:
+    return None
+  S, n = layout
+  i32 = lambda *shape: row_sds(shapes.mesh, shape, jnp.int32)  # noqa: E731
+  return Packing(src_nS=i32(chunks * n, S), positions_nS=i32(chunks * n, S), segments_nS=i32(chunks * n, S),
+                 dst_BR=i32(rows, shapes.response_len), group=shapes.cfg.prompt_group)
+
+
+def packed_layout(shapes: RunShapes, rows: int, chunks: int = 1) -> tuple[int, int] | None:
+  """(S, buffers per chunk) of the largest packing `train.pack` runs for `chunks` chunks of `rows` rows
+  in all (PackPolicy.largest), or None where it never packs them."""
+  return pack_policy(shapes).largest(rows // chunks, shapes.prompt_len, shapes.response_len, chunks)
+
+
 @_in_mesh
-def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int):
+def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int, layout: tuple[int, int] | None = None):
+  """A recompute chunk of `rows` rows: padded, or packed in `layout` = (S, buffers)."""
   cfg, m = shapes.cfg, shapes.mesh
   P_, R = shapes.prompt_len, shapes.response_len
-  # (prompt, its mask, response tokens, the tokens attended, the sampled ones: RecomputeSpec.run_chunk's rows;
-  # no packing: the padded layout)
+  # (prompt, its mask, response tokens, the tokens attended, the sampled ones: RecomputeSpec.run_chunk's rows)
   args = (row_sds(m, (rows, P_), jnp.int32), row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32),
           row_sds(m, (rows, R), jnp.bool_), row_sds(m, (rows, R), jnp.bool_))
   spec = recompute_lib.RecomputeSpec.from_run(cfg, model_cfg)
-  return spec.lower_chunk(params, _value_sds(shapes), args + (None,), with_values=cfg.use_value)
+  return spec.lower_chunk(params, _value_sds(shapes), args + (packing_sds(shapes, layout, rows),),
+                          with_values=cfg.use_value)
 
 
 HINT_TOKENS = 64  # teacher.context=hint: tokens the hint adds to the teacher's context (a plan's assumption)
@@ -278,8 +315,9 @@ def teacher_loss_part(shapes: RunShapes, model_cfg, rows: int):
   return (("teacher", term),), extra, aux
 
 
-def train_batch(shapes: RunShapes, rows: int, extra_BR: dict | None = None) -> TrainBatch:
-  """The update's mini-batch as shapes: rows over data x fsdp."""
+def train_batch(shapes: RunShapes, rows: int, extra_BR: dict | None = None, packing: Packing | None = None
+                ) -> TrainBatch:
+  """The update's mini-batch as shapes: rows over data x fsdp; `packing`: its Packing (packing_sds)."""
   cfg, m, mc = shapes.cfg, shapes.mesh, shapes.model_cfg
   obj = cfg.objective
   P_, R = shapes.prompt_len, shapes.response_len
@@ -292,13 +330,13 @@ def train_batch(shapes: RunShapes, rows: int, extra_BR: dict | None = None) -> T
       tokens_BR=row_sds(m, (rows, R), jnp.int32), mask_BR=row_sds(m, (rows, R), jnp.bool_), behav_logp_BR=f(rows, R),
       prox_logp_BR=f(rows, R), ref_logp_BR=f(rows, R), adv_BR=f(rows, R), returns_BR=f(rows, R),
       old_values_BR=f(rows, R), topk_ids_BRK=row_sds(m, (rows, R, K), jnp.int32), topk_logp_BRK=f(rows, R, K),
-      behav_hidden_BRD=row_sds(m, (rows, R, D), hidden_dtype), extra_BR=dict(extra_BR or {}))
+      behav_hidden_BRD=row_sds(m, (rows, R, D), hidden_dtype), extra_BR=dict(extra_BR or {}), packing=packing)
 
 
 @_in_mesh
-def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
+def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int, layout: tuple[int, int] | None = None):
   """The update (training/update.py's Updater, as Trainer.make_updater builds it) on n_micro
-  micro-batches of the run's micro-batch size."""
+  micro-batches of the run's micro-batch size: padded, or each packed in `layout` = (S, buffers)."""
   cfg, m = shapes.cfg, shapes.mesh
   vparams = _value_sds(shapes)
   state = UpdateState(params=params, opt_state=opt_sds(shapes.tx, lora.trainable(params), m), value_params=vparams,
@@ -311,7 +349,8 @@ def lower_update(shapes: RunShapes, model_cfg, params, n_micro: int):
   if cfg.objective.needs_token_kl:  # TRM: the sampler's head, split over vocab like the policy's
     head = model_lib.lm_head(params, model_cfg)
     aux[AUX_BEHAV_HEAD] = sds(head.shape, shapes.sampling.dtype or head.dtype, sharding_lib.head_sharding(m))
-  return updater.lower(state, train_batch(shapes, rows, extra_BR), aux)
+  batch = train_batch(shapes, rows, extra_BR, packing_sds(shapes, layout, rows, n_micro))
+  return updater.lower(state, batch, aux)
 
 
 @_in_mesh
@@ -360,6 +399,10 @@ def run_programs(shapes: RunShapes) -> list[Program]:
     return lambda mc, p, _: lower_prefill(shapes, sc, rows, mc, p, sc.cache_slots(P_))
 
   out, view = [], None
+  # train.pack: the packed programs the run may compile beside the padded ones (forecast: the padded
+  # ones, whose forward costs more wherever the run packs)
+  rec_layout = packed_layout(shapes, chunk) if shapes.recomputes and not cfg.rollout.exact else None
+  upd_layout = packed_layout(shapes, cfg.mini_batch_size, shapes.n_micro)
   if cfg.rollout.sampler_sharding == "tensor":
     out.append(Program("rollout/sync", "plain", lambda mc, p, _: lower_sampler_gather(shapes, scfg, p), 1, 1.0,
                        "the sampler's copy: cast and gathered over fsdp"))
@@ -378,8 +421,18 @@ def run_programs(shapes: RunShapes) -> list[Program]:
     out.append(Program("teacher", "plain", lambda mc, p, _: lower_teacher(shapes, mc, p, chunk_t), 1, B / chunk_t,
                        f"{cfg.teacher.source} teacher, context {cfg.teacher.context}: {B // chunk_t} chunks of "
                        f"{chunk_t} rows (the student's shapes)"))
+  if rec_layout is not None:
+    S, n = rec_layout
+    out.append(Program("recompute/packed", "plain", lambda mc, p, _: lower_recompute(shapes, mc, p, chunk, rec_layout),
+                       1, 0.0, f"the largest packing train.pack={cfg.train.pack} runs a chunk in: {n} buffers of {S} "
+                       "slots (in place of a padded chunk)", layout=rec_layout))
   out.append(Program("update", "update", lambda mc, p, n: lower_update(shapes, mc, p, n), shapes.n_micro,
                      cfg.train.epochs * cfg.train.mini_batches, f"{shapes.n_micro} micro-batches of {chunk} rows"))
+  if upd_layout is not None:
+    S, n = upd_layout
+    out.append(Program("update/packed", "update", lambda mc, p, k: lower_update(shapes, mc, p, k, upd_layout),
+                       shapes.n_micro, 0.0, f"the largest packing train.pack={cfg.train.pack} runs a micro-batch "
+                       f"in: {n} buffers of {S} slots (in place of a padded update)", layout=upd_layout))
   if cfg.sft.steps:
     out.append(Program("sft", "plain", lambda mc, p, _: lower_sft(shapes, mc, p, cfg.sft.batch_size), 1, 0.0,
                        f"warm start: {cfg.sft.steps} steps of {cfg.sft.batch_size} rows"

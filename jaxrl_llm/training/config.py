@@ -92,9 +92,11 @@ class TrainConfig:
 class EvalConfig:
   n_examples: int
   every: int
+  batch_size: int  # examples greedy-decoded at once (training/evaluation.py)
 
   def __post_init__(self):
     check_int("config.eval.n_examples", self.n_examples, 1)
+    check_int("config.eval.batch_size", self.batch_size, 1)
     check_int("config.eval.every", self.every, 0)
 
 

@@ -34,6 +34,7 @@ class Evaluator:
   batch_sharding: object = None
   pad_to: int = 1  # batches are a multiple of this (the mesh's batch shards)
   episodes: object = None  # training/episodes.EpisodePlayer: each example is an episode of the run's environment
+  batch_size: int = 256  # eval.batch_size: examples greedy-decoded at once
 
   def _sample(self, params, pb, chunk, scfg, key):
     """The samples of a chunk of examples (`pb` their PromptBatch): single-turn, or episodes, each
@@ -60,11 +61,12 @@ class Evaluator:
       n_real = len(chunk)
       yield chunk + [chunk[-1]] * (bs - n_real), n_real
 
-  def greedy_outcomes(self, params, examples, batch_size: int = 256):
-    """Per example: (verifier score, reward, response length, truncated) of the greedy answer."""
+  def greedy_outcomes(self, params, examples):
+    """Per example: (verifier score, reward, response length, truncated) of the greedy answer, in
+    batches of `batch_size` examples."""
     scfg = self.rollout.sampling(self.tokenizer, greedy=True)
     cols = {"correct": [], "reward": [], "length": [], "truncated": []}
-    for chunk, n_real in self._batches(examples, batch_size):
+    for chunk, n_real in self._batches(examples, self.batch_size):
       faults.point("eval")
       pb = encode_prompts(self.tokenizer, chunk, self.max_prompt_len, self.chat_template)
       smp = self._sample(params, pb, chunk, scfg, jax.random.key(0))

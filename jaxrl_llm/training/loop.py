@@ -174,10 +174,7 @@ class Trainer:
 
   def pack_policy(self) -> PackPolicy:
     """When the update and the recompute run rows packed (`train.pack`, training/pack.py)."""
-    cfg = self.cfg
-    return PackPolicy(model_cfg=self.model_cfg, mode=cfg.train.pack, length=cfg.train.pack_length,
-                      group=cfg.prompt_group, always_share=cfg.train.share_prompt == "on",
-                      shards=self.data.batch_shards)
+    return PackPolicy.from_run(self.cfg, self.model_cfg, self.data.batch_shards)
 
   def rollout_engine(self):
     """The rollout engine, made on the first call (after `init_state`: it needs the model config). `run`

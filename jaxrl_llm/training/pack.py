@@ -55,6 +55,33 @@ class PackPolicy:
       return forward_flops(self.model_cfg, rows // G, P + G * R)
     return forward_flops(self.model_cfg, rows, P + R)
 
+  @classmethod
+  def from_run(cls, cfg, model_cfg: ModelConfig, shards: int) -> "PackPolicy":
+    """The packing rule of the run config `cfg` on a mesh of `shards` batch shards: what the trainer
+    runs (Trainer.pack_policy) and the compile command plans (tpu/programs.py)."""
+    return cls(model_cfg=model_cfg, mode=cfg.train.pack, length=cfg.train.pack_length, group=cfg.prompt_group,
+               always_share=cfg.train.share_prompt == "on", shards=shards)
+
+  def _choose(self, need, rows: int, P: int, R: int, chunks: int) -> tuple[int, int] | None:
+    """(S, buffers per chunk) of the cheapest packing of chunks of `rows` rows, where `need(S)` is the
+    most buffers of S slots a chunk needs; None where the padded layout runs them."""
+    if self.mode == "off" or rows % self.group:
+      return None  # (config: share_prompt gives group > 1 only with whole groups per micro-batch)
+    shards = self.shards // np.gcd(self.shards, chunks)  # chunks x buffers must split over the shards
+    ladder = packing_lib.buffer_ladder(rows // self.group, shards)
+    best = None  # (forward FLOPs of a chunk, S, buffers): the cheapest buffer length for these rows
+    for S in self.buffer_lengths(P, R):
+      n_need = need(S)
+      fits = [n for n in ladder if n >= n_need]
+      n = fits[0] if fits else -(-n_need // shards) * shards
+      cost = forward_flops(self.model_cfg, n, S)
+      if best is None or cost < best[0]:
+        best = (cost, S, n)
+    cost, S, n = best
+    if self.mode == "auto" and cost >= AUTO_MARGIN * self.padded_flops(rows, P, R):
+      return None
+    return S, n
+
   def plan(self, prompt_mask_BP, attend_BR, chunks: int = 1) -> packing_lib.Packing | None:
     """The packing of these rows split into `chunks` equal chunks (micro-batches), or None where
     the padded layout runs them (off; auto where packing does not pay)."""
@@ -63,23 +90,32 @@ class PackPolicy:
     prompt_mask_BP, attend_BR = np.asarray(prompt_mask_BP, bool), np.asarray(attend_BR, bool)
     B, P = prompt_mask_BP.shape
     R = attend_BR.shape[1]
-    rows = B // chunks
-    if rows % self.group:
-      return None  # (config: share_prompt gives group > 1 only with whole groups per micro-batch)
-    shards = self.shards // np.gcd(self.shards, chunks)  # chunks x buffers must split over the shards
-    ladder = packing_lib.buffer_ladder(rows // self.group, shards)
-    best = None  # (forward FLOPs of a chunk, S, buffers): the cheapest buffer length for these rows
-    for S in self.buffer_lengths(P, R):
-      need = packing_lib.needed_buffers(prompt_mask_BP, attend_BR, group=self.group, length=S, chunks=chunks)
-      fits = [n for n in ladder if n >= need]
-      n = fits[0] if fits else -(-need // shards) * shards
-      cost = forward_flops(self.model_cfg, n, S)
-      if best is None or cost < best[0]:
-        best = (cost, S, n)
-    cost, S, n = best
-    if self.mode == "auto" and cost >= AUTO_MARGIN * self.padded_flops(rows, P, R):
+    need = lambda S: packing_lib.needed_buffers(prompt_mask_BP, attend_BR, group=self.group,  # noqa: E731
+                                                length=S, chunks=chunks)
+    chosen = self._choose(need, B // chunks, P, R, chunks)
+    if chosen is None:
       return None
+    S, n = chosen
     return packing_lib.pack_rows(prompt_mask_BP, attend_BR, group=self.group, length=S, buffers=n, chunks=chunks)
+
+  def largest(self, rows: int, P: int, R: int, chunks: int = 1) -> tuple[int, int] | None:
+    """(S, buffers per chunk) of the largest packing (most forward FLOPs) `plan` chooses for `chunks`
+    chunks of `rows` rows of P prompt and R response slots whose units all have one length, over every
+    length from 1 slot to a full padded unit; None where it packs none of them. What the compile
+    command plans beside the padded layout (tpu/programs.py): the programs of batches of mixed lengths
+    are of the same buffer lengths and ladder steps, and auto packs none whose forward costs more than
+    AUTO_MARGIN x the padded one's."""
+    if self.mode == "off" or rows % self.group:
+      return None
+    units = rows // self.group
+    best = None  # (FLOPs, S, n)
+    for L in range(1, P + self.group * R + 1):  # every unit L slots long: floor(S / L) units per buffer
+      chosen = self._choose(lambda S: -(-units // (S // L)), rows, P, R, chunks)  # noqa: B023
+      if chosen is not None:
+        cost = forward_flops(self.model_cfg, chosen[1], chosen[0])
+        if best is None or cost > best[0]:
+          best = (cost,) + chosen
+    return None if best is None else best[1:]
 
 
 def balanced_order(prompt_mask_BP, attend_BR, *, chunks: int, unit: int) -> np.ndarray:

@@ -45,7 +45,7 @@ class RunData:
     c = self.cfg
     return Evaluator(model_cfg, self.tokenizer, runner, c.rollout, max_prompt_len=c.data.max_prompt_len,
                      chat_template=c.data.chat_template, batch_sharding=self.batch_sharding, pad_to=self.batch_shards,
-                     episodes=episodes)
+                     episodes=episodes, batch_size=c.eval.batch_size)
 
 
 def check_batch_shards(cfg, shards: int) -> None:

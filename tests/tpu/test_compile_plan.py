@@ -198,8 +198,12 @@ def test_mosaic_kernels_report_their_cost():
 def test_default_run_plan():
   head, reports, step, chip = _default_plan()
   by_name = {r.name: r for r in reports}
-  assert list(by_name) == ["rollout/prefill", "rollout/decode", "recompute", "update", "sft", "eval/prefill",
-                           "eval/decode"]
+  assert list(by_name) == ["rollout/prefill", "rollout/decode", "recompute", "recompute/packed", "update",
+                           "update/packed", "sft", "eval/prefill", "eval/decode"]
+  # train.pack=auto: the largest packings it runs, planned beside the padded programs (they replace them
+  # where it packs: not in the step's forecast)
+  assert by_name["update/packed"].calls_per_step == 0 == by_name["recompute/packed"].calls_per_step
+  assert "buffers of" in by_name["update/packed"].note and by_name["update/packed"].mosaic_kernels == 3
   assert head["chips"] == 4 and head["mesh"] == "data 4xfsdp 1xtensor 1" and chip.generation == "v5e"
   # impl=auto on a TPU topology: the update runs token_logprobs' Mosaic forward, d hidden and d w
   # kernels, the recompute its forward; the sampler computes whole logits (no kernel).
@@ -285,7 +289,7 @@ def test_programs_compiles_only_those_named():
     assert r.seconds["forecast"] == pytest.approx(whole[r.name].seconds["forecast"], rel=1e-6)
   assert step["seconds"] == pytest.approx(sum(r.seconds["forecast"] for r in reports))
   names = [p.name for p in compile_lib.select_programs(run_programs(_shapes()), "eval, update")]
-  assert names == ["update", "eval/prefill", "eval/decode"]
+  assert names == ["update", "update/packed", "eval/prefill", "eval/decode"]  # a prefix names its packed program too
   with pytest.raises(ConfigError, match=r"--programs='rolout': 'rolout' names no program of this run; its "
                                         r"programs: rollout/prefill, rollout/decode, recompute"):
     compile_lib.select_programs(run_programs(_shapes()), "rolout")
@@ -300,7 +304,7 @@ def test_a_program_that_does_not_fit_is_named_with_what_to_change():
   small = [dataclasses.replace(r, hbm_bytes=r.memory["temp"] // 2, outside_bytes=0) if r.name == "eval/prefill"
            else r for r in reports]
   (line,) = report.misfits(small, head)
-  assert line.startswith("eval/prefill does not fit on v5e:2x2: ") and "lower eval.n_examples" in line
+  assert line.startswith("eval/prefill does not fit on v5e:2x2: ") and "lower eval.batch_size" in line
 
 
 # ------------------------------------------------------------ bad input
@@ -414,9 +418,42 @@ def test_the_teacher_pass_compiles_with_its_vocabulary_kernels():
   c.teacher.topk = 8
   _, reports, _, _ = compile_lib.plan(from_config_dict(c), TOPOLOGY, probes=False, log=lambda s: None)
   by_name = {r.name: r for r in reports}
-  assert list(by_name)[:5] == ["rollout/prefill", "rollout/decode", "recompute", "teacher", "update"]
+  padded = [n for n in by_name if not n.endswith("/packed")]
+  assert padded[:5] == ["rollout/prefill", "rollout/decode", "recompute", "teacher", "update"]
   t = by_name["teacher"]
   assert t.mosaic_kernels == 4 and t.fits and t.calls_per_step == 1 and 0 < t.memory["peak"] < t.hbm_bytes
   # The update holds the distillation term on the teacher's top-k (teacher/loss.py): 3 more kernels than
   # the policy loss's forward, d hidden and d w (test_default_run_plan's 3).
-  assert by_name["update"].mosaic_kernels == 6
+  assert by_name["update"].mosaic_kernels == 6 == by_name["update/packed"].mosaic_kernels  # packed: the same term
+
+
+@pytest.mark.parametrize("objective", ["bradley_terry", "dpo"])
+def test_reward_model_training_is_planned(objective):
+  """`--config=configs/reward_model.py` (or dpo.py): the run's optimizer step in micro-batches and its
+  held-out step, compiled and forecast; the step trains rows x 2 sequences of the data's length."""
+  from jaxrl_llm.reward_model.config import reward_config_from_dict
+  from jaxrl_llm.reward_model.defaults import reward_model_config
+  from jaxrl_llm.training.tiny import apply_settings
+
+  cd = apply_settings(reward_model_config(), {"objective": objective, "train.micro_batch_size": 8,
+                                              "train.center_coef": 0.0, "export": False})
+  assert compile_lib.is_reward_config(cd) and not compile_lib.is_reward_config(get_config("gspo"))
+  cfg = reward_config_from_dict(cd)
+  head, reports, step, chip = compile_lib.plan(cfg, TOPOLOGY, log=lambda s: None)
+  assert [r.name for r in reports] == ["reward/train", "reward/eval"]
+  train = reports[0]
+  assert train.calls_per_step == 1 and all(r.fits and r.memory["peak"] > 0 for r in reports)
+  assert f"{cfg.train.batch_size // 8} micro-batches of 8 pairs" in train.note
+  assert step["tokens"] == "trained" and step["seconds"] == pytest.approx(train.seconds["forecast"])
+  T = head["seq_len"]
+  assert step["tokens_per_s_per_chip"] == pytest.approx(cfg.train.batch_size * 2 * T / step["seconds"] / 4)
+  # The model FLOPs: the trunk over every token x 3 (DPO: its head too, and pi_ref's forward)
+  mc = compile_lib.build_reward_shapes(cfg, "", _devices()).model_cfg
+  seqs = cfg.train.batch_size * 2
+  head_rows = seqs * T if objective == "dpo" else 0
+  want = forecast.model_flops(mc, rows=seqs, seq=T, head_rows=head_rows, train=True)
+  want += forecast.model_flops(mc, rows=seqs, seq=T, head_rows=head_rows, train=False) if objective == "dpo" else 0
+  assert train.model_flops == pytest.approx(want / 4 / chip.peak_bf16_flops)
+  md = report.plan_markdown(head, reports, step, chip)
+  assert "Reward-model step forecast (roofline lower bound)" in md and "trained tokens/s/chip" in md
+  assert "| reward/train |" in md and report.misfits(reports, head) == []

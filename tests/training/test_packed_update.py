@@ -179,3 +179,37 @@ def test_balanced_order_deals_whole_groups_by_token_count():
   order = balanced_order(pmask, attend, chunks=2, unit=2)
   np.testing.assert_array_equal(order, [0, 1, 4, 5, 2, 3, 6, 7])
   np.testing.assert_array_equal(balanced_order(pmask, attend, chunks=1, unit=2), np.arange(8))
+
+
+def _equal_units(rows: int, group: int, L: int):
+  """Masks of `rows` rows (P prompt, R response slots) whose units of `group` rows all hold L tokens: the
+  first row's prompt is whole (P tokens), the responses share the rest, as evenly as it divides."""
+  pmask = np.ones((rows, P), bool)
+  resp = np.zeros((rows, R), bool)
+  left = L - P
+  for u in range(rows // group):
+    for g in range(group):
+      n = left // group + (g < left % group)
+      resp[u * group + g, :n] = True
+  return pmask, resp
+
+
+@pytest.mark.parametrize("mode,group,shards,chunks", [("auto", 1, 1, 2), ("on", 1, 1, 1), ("on", 2, 2, 2),
+                                                     ("auto", 4, 1, 1)])
+def test_largest_is_the_largest_packing_plan_chooses_for_equal_length_units(mode, group, shards, chunks):
+  """PackPolicy.largest (the packed programs the compile command plans) against `plan` itself on every
+  batch whose units all hold L tokens, L from the fullest prompt (P) to a full unit (P + group x R)."""
+  policy = PackPolicy(model_cfg=CFG, mode=mode, group=group, shards=shards)
+  rows = 8 * chunks
+  seen = {}
+  for L in range(P + group, P + group * R + 1):  # (at least one response token per row: plan's masks)
+    pmask, resp = _equal_units(rows, group, L)
+    packed = policy.plan(pmask, resp, chunks=chunks)
+    if packed is not None:
+      seen[(packed.length, packed.src_nS.shape[0] // chunks)] = forward_flops(CFG, packed.src_nS.shape[0] // chunks,
+                                                                             packed.length)
+  want = max(seen, key=seen.get) if seen else None
+  assert policy.largest(rows // chunks, P, R, chunks) == want
+  if mode == "on":
+    assert want is not None
+  assert PackPolicy(model_cfg=CFG, mode="off").largest(rows, P, R) is None

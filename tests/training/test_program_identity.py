@@ -6,15 +6,21 @@ keyword, an optimizer, a sharding or a donation shows here)."""
 import re
 
 import jax
+import numpy as np
 import pytest
 
-from jaxrl_llm.compile import build_shapes
+from jaxrl_llm.compile import build_reward_shapes, build_shapes
+from jaxrl_llm.learn.learner import Slot
 from jaxrl_llm.model import sharding as sharding_lib
-from jaxrl_llm.tpu import programs
+from jaxrl_llm.reward_model.config import reward_config_from_dict
+from jaxrl_llm.reward_model.defaults import reward_model_config
+from jaxrl_llm.reward_model.trainer import MODEL, RewardModelRun
+from jaxrl_llm.tpu import programs, reward_programs
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.recompute import RecomputeSpec
 from jaxrl_llm.training.sft import sft_learner, sft_optimizer, sft_plan, sft_slots
 from jaxrl_llm.training.step import update_aux
+from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
 from tests.run_helpers import load_config, make_trainer, shrink
 
 
@@ -89,3 +95,72 @@ def test_the_warm_start_lowers_the_same_program_as_the_run(tmp_path, closing):
   with jax.sharding.use_abstract_mesh(m.abstract_mesh):
     run = learner.lower(*sft_slots(state.params, opt), batch, None)
   assert fingerprint(run) == fingerprint(plan)
+
+
+def test_packed_update_and_recompute_lower_the_same_programs_as_the_run(tmp_path, closing):
+  """train.pack=on: the packing the trainer's policy plans for a mini-batch of equal-length rows (step.py's
+  call) against the plan's program for that layout; and the plan's own layout is the largest the
+  trainer's policy chooses (PackPolicy.largest)."""
+  trainer, state, shapes = _run(tmp_path, "grpo", **{"train.pack": "on"})
+  closing(trainer)
+  cfg, mc, m, ctx = trainer.cfg, trainer.model_cfg, shapes.mesh, trainer.context
+  P_, R = shapes.prompt_len, shapes.response_len
+  rows, n_micro = cfg.mini_batch_size, shapes.n_micro
+  assert programs.pack_policy(shapes) == ctx.pack
+  assert programs.packed_layout(shapes, rows, n_micro) == ctx.pack.largest(rows // n_micro, P_, R, n_micro)
+  names = [p.name for p in programs.run_programs(shapes)]
+  assert "update/packed" in names and ("recompute/packed" in names) == bool(shapes.recomputes)
+
+  pmask, attend = np.ones((rows, P_), bool), np.arange(R)[None, :] < np.arange(rows)[:, None] % R + 1
+  packing = ctx.pack.plan(pmask, attend, chunks=n_micro)
+  layout = (packing.length, packing.src_nS.shape[0] // n_micro)
+  params = programs.param_sds(mc, m)
+  plan = programs.lower_update(shapes, mc, params, n_micro, layout)
+  batch = programs.train_batch(shapes, rows).replace(packing=sharding_lib.put(packing, ctx.batch_sharding))
+  with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+    run = ctx.updater.lower(state.update_state(), batch, update_aux(ctx, state))
+  assert fingerprint(run) == fingerprint(plan)
+
+  chunk = cfg.micro_batch_size
+  packing = ctx.pack.plan(pmask[:chunk], attend[:chunk])
+  plan = programs.lower_recompute(shapes, mc, params, chunk, (packing.length, packing.src_nS.shape[0]))
+  args = programs.train_batch(shapes, chunk)
+  args = (args.prompt_BP, args.prompt_mask_BP, args.tokens_BR, args.mask_BR, args.mask_BR,
+          sharding_lib.put(packing, ctx.batch_sharding))
+  spec = RecomputeSpec.from_run(cfg, mc, sharding=ctx.batch_sharding, pack=ctx.pack)
+  with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+    run = spec.lower_chunk(state.params, state.value_params, args, with_values=cfg.use_value)
+  assert fingerprint(run) == fingerprint(plan)
+
+
+@pytest.mark.parametrize("objective", ["bradley_terry", "process", "dpo"])
+def test_reward_model_training_lowers_the_same_programs_as_the_run(tmp_path, objective):
+  """The reward-model run's optimizer step and held-out step (RewardModelRun) against the compile
+  command's (tpu/reward_programs.py), in micro-batches."""
+  settings = {**TINY_MODEL, "objective": objective, "train.batch_size": 16, "train.micro_batch_size": 8,
+              "data.n_train": 64, "data.n_eval": 16, "export": False}
+  if objective != "bradley_terry":
+    settings["train.center_coef"] = 0.0
+  cfg = reward_config_from_dict(apply_settings(reward_model_config(), settings))
+  run = RewardModelRun(cfg, str(tmp_path / objective), log=lambda s: None)
+  state = run.init_state()
+  if cfg.dpo_run:
+    run.ref_params = run.reference(state, resuming=False)
+  run._compile(state)  # pylint: disable=protected-access
+  shapes = build_reward_shapes(cfg, "", jax.devices())
+  mc, m = shapes.model_cfg, shapes.mesh
+  assert shapes.n_micro == 2 and shapes.seq_len == run.data.max_len and mc == run.model_cfg
+  params = programs.param_sds(mc, m)
+  names = [p.name for p in reward_programs.reward_programs(shapes)]
+  assert names == ["reward/train", "reward/eval"]
+
+  plan = reward_programs.lower_reward_train(shapes, mc, params, shapes.n_micro)
+  batch = reward_programs.batch_sds(shapes, cfg.train.batch_size)
+  with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+    got = run.learner.lower({MODEL: Slot(state.trees(), state.opt_state)}, {MODEL: None}, batch, run.ref_params)
+  assert fingerprint(got) == fingerprint(plan)
+
+  plan = reward_programs.lower_reward_eval(shapes, mc, params, cfg.train.batch_size)
+  with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+    got = run.eval_step.lower(state.trees(), batch, run.ref_params)
+  assert fingerprint(got) == fingerprint(plan)
