@@ -30,13 +30,20 @@ SHAPES = {
                 "--config.data.max_prompt_len=64", "--config.rollout.max_response_len=12"],
     "long": ["--config.rollout.prompts_per_step=32", "--config.rollout.group_size=8",
              "--config.data.max_prompt_len=1024", "--config.rollout.max_response_len=4096"],
+    # the long shape with 8 prompts x 8 samples: what one v5p-8 slice samples at once for Qwen3-8B
+    "long-64": ["--config.rollout.prompts_per_step=8", "--config.rollout.group_size=8",
+                "--config.data.max_prompt_len=1024", "--config.rollout.max_response_len=4096"],
 }
 # bf16 compute and sampling over f32 master params, remat full (a preset is a real model).
 NUMERICS = ["--config.model.compute_dtype=bfloat16", "--config.rollout.sampler_dtype=bfloat16"]
 
 
 def mesh(fsdp: int, tensor: int = 1) -> list[str]:
-  return [f"--config.mesh.fsdp={fsdp}", f"--config.mesh.tensor={tensor}", "--config.mesh.data=1"]
+  """The mesh, and the stated defaults of the steps outside RL that the shapes above outgrow on one chip:
+  the warm start in micro-batches of one row per chip (sft.micro_batch_size = the batch shards) and the
+  evaluation in batches of 4 rows per chip (eval.batch_size)."""
+  return [f"--config.mesh.fsdp={fsdp}", f"--config.mesh.tensor={tensor}", "--config.mesh.data=1",
+          f"--config.sft.micro_batch_size={fsdp}", f"--config.eval.batch_size={4 * fsdp}"]
 
 
 # name -> (model, topology, shape, extra flags)
@@ -44,7 +51,7 @@ ROWS = {
     "smollm2_135m-v5e-8-example": ("smollm2_135m", "v5e-8", "example", mesh(8)),
     "qwen3_0_6b-v6e-8-long": ("qwen3_0_6b", "v6e-8", "long", mesh(8)),
     "gemma3_1b-v6e-8-long": ("gemma3_1b", "v6e-8", "long", mesh(8)),
-    "qwen3_8b-v5p-8-long": ("qwen3_8b", "v5p-8", "long", mesh(4)),
+    "qwen3_8b-v5p-8-long-64": ("qwen3_8b", "v5p-8", "long-64", mesh(4)),
     "qwen3_8b-v5p-128-long": ("qwen3_8b", "v5p:4x4x4", "long", mesh(32, 2)),
     "llama3_1_8b-v5p-64-long": ("llama3_1_8b", "v5p-64", "long", mesh(32)),
     "qwen3_32b-v5p-128-long": ("qwen3_32b", "v5p:4x4x4", "long", mesh(32, 2)),
