@@ -60,7 +60,7 @@ def model_config(cfg, model: str, tokenizer):
 def _base_model_config(cfg, model: str, tokenizer):
   from jaxrl_llm.checks import ConfigError
   from jaxrl_llm.model.config import MODEL_PRESETS, ModelConfig
-  from jaxrl_llm.model.hf_config import config_from_hf
+  from jaxrl_llm.model.io.hf_config import config_from_hf
 
   m = cfg.model
   numerics = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
@@ -83,16 +83,16 @@ def build_shapes(cfg, model: str, devices):
   """The run as `Trainer` builds it, as shapes over `devices` -> tpu.programs.RunShapes."""
   from jaxrl_llm.model import sharding as sharding_lib
   from jaxrl_llm.tpu.programs import RunShapes
-  from jaxrl_llm.training import setup
+  from jaxrl_llm.training import inputs
   from jaxrl_llm.training.config import AUTO_MICRO_BATCH_TOKENS
   from jaxrl_llm.training.optimizers import run_optimizers
 
   hf_path = cfg.model.hf_path
   if model:  # the shapes come from --model: the config's checkpoint folder is not read
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=""))
-  data = setup.run_data(cfg, devices)
+  data = inputs.run_data(cfg, devices)
   cfg = data.cfg
-  setup.check_batch_shards(cfg, data.batch_shards)
+  inputs.check_batch_shards(cfg, data.batch_shards)
   if model and not cfg.train.micro_batch_tokens:  # a real model's token budget, as for a checkpoint
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_tokens=AUTO_MICRO_BATCH_TOKENS))
   cfg = cfg.with_micro_batch(cfg.data.max_prompt_len, data.batch_shards)

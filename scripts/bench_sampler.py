@@ -8,7 +8,7 @@ sampling (temperature 1, no truncation), no EOS so every row emits exactly
 
   ours            jaxrl_llm.sampling.generate (KV cache, lax.while_loop)
   hf_transformers transformers' generate on the same weights (PyTorch CPU),
-                  exported through jaxrl_llm.model.hf_io.save_hf
+                  exported through jaxrl_llm.model.io.hf_io.save_hf
   no_cache        our model without a KV cache: every step recomputes the
                   forward over the whole static [B, P + R] buffer
 
@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.model import ModelConfig, forward, init_params, logits
-from jaxrl_llm.model.hf_io import save_hf
+from jaxrl_llm.model.io.hf_io import save_hf
 from jaxrl_llm.model.sharding import MeshConfig, make_mesh, shard_params
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.generate import generate

@@ -62,8 +62,8 @@ PROMPTS = (
 
 def _smollm2():
   """(GGUF file, converted HF dir): the packaged SmolLM2 from the model cache."""
-  from jaxrl_llm.model.gguf_io import resolve_model_path
-  from jaxrl_llm.model.pretrained import fetch_model
+  from jaxrl_llm.model.io.gguf_io import resolve_model_path
+  from jaxrl_llm.model.io.pretrained import fetch_model
 
   gguf_file = fetch_model("smollm2-135m")
   return gguf_file, resolve_model_path(gguf_file, field="bench", chat_template=False)
@@ -115,7 +115,7 @@ def _ours(args, side: str) -> dict:
   import jax
   import numpy as np
 
-  from jaxrl_llm.model.hf_io import load_hf
+  from jaxrl_llm.model.io.hf_io import load_hf
   from jaxrl_llm.sampling.config import SamplingConfig
   from jaxrl_llm.sampling.continuous import generate_continuous
   from jaxrl_llm.sampling.generate import generate
@@ -183,8 +183,8 @@ def _llama(args, side: str) -> dict:
 
   import numpy as np
 
-  from jaxrl_llm.model.gguf_export import export_gguf
-  from jaxrl_llm.model.hf_io import load_hf
+  from jaxrl_llm.model.io.gguf_export import export_gguf
+  from jaxrl_llm.model.io.hf_io import load_hf
   from jaxrl_llm.model.tokenizer import load_tokenizer
   from jaxrl_llm.sampling.http_client import ServerClient
   from jaxrl_llm.sampling.server_process import LlamaServerProcess

@@ -42,11 +42,11 @@ import jax
 import numpy as np
 
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.gguf_export import GGUF_EXPORT_TYPES, export_gguf
-from jaxrl_llm.model.gguf_io import gguf_to_hf
-from jaxrl_llm.model.hf_io import load_hf
+from jaxrl_llm.model.io.gguf_export import GGUF_EXPORT_TYPES, export_gguf
+from jaxrl_llm.model.io.gguf_io import gguf_to_hf
+from jaxrl_llm.model.io.hf_io import load_hf
 from jaxrl_llm.model.params import init_params
-from jaxrl_llm.model.pretrained import models_dir
+from jaxrl_llm.model.io.pretrained import models_dir
 from jaxrl_llm.model.tokenizer import CharTokenizer, make_tokenizer
 from jaxrl_llm.sampling import sync_check
 from jaxrl_llm.sampling.http_client import ServerClient

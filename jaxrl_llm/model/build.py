@@ -15,7 +15,7 @@ def make_model(m, tokenizer, mesh, key):
   section (model/config.py's ModelSpec)."""
   lora_cfg = m.lora if m.lora.active else None
   if m.hf_path:
-    from jaxrl_llm.model.hf_io import load_hf
+    from jaxrl_llm.model.io.hf_io import load_hf
 
     params, model_cfg = load_hf(
         m.hf_path, shardings=lambda c: sharding_lib.param_shardings(c, mesh),

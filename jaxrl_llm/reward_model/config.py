@@ -15,7 +15,7 @@ from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checks import (bad, check_bool, check_choice, check_float, check_int, check_keys,
                               section_from_dict)
 from jaxrl_llm.model.config import ModelSpec
-from jaxrl_llm.model.gguf_io import resolve_model_path
+from jaxrl_llm.model.io.gguf_io import resolve_model_path
 from jaxrl_llm.model.sharding import MeshConfig
 from jaxrl_llm.objectives.preference import check_dpo_knobs
 from jaxrl_llm.tasks.arithmetic import OPS
@@ -221,7 +221,7 @@ def reward_config_from_dict(cd) -> RewardModelConfig:
   check_keys("config", d, set(REWARD_SECTIONS) | set(REWARD_TOP_KEYS))
   cfg = RewardModelConfig(**{k: d[k] for k in REWARD_TOP_KEYS},
                           **{name: section_from_dict(name, cls, d[name]) for name, cls in REWARD_SECTIONS.items()})
-  # A .gguf checkpoint -> the Hugging Face directory converted from it (model/gguf_io.py), as the RL run does.
+  # A .gguf checkpoint -> the Hugging Face directory converted from it (model/io/gguf_io.py), as the RL run does.
   hf_path = resolve_model_path(cfg.model.hf_path, field="config.model.hf_path", chat_template=cfg.data.chat_template)
   init = resolve_model_path(cfg.init_checkpoint, field="config.init_checkpoint")
   ref = resolve_model_path(cfg.dpo.reference, field="config.dpo.reference")

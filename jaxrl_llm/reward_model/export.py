@@ -29,7 +29,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.hf_io import save_hf
+from jaxrl_llm.model.io.hf_io import save_hf
 
 # family -> transformers' sequence-classification class (Gemma 3's text model: Gemma3Text...).
 SEQ_CLS_ARCHITECTURES = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification",
@@ -58,8 +58,8 @@ def _family(cfg) -> str | None:
   """The checkpoint's model family (None: the tiny Llama-shaped model)."""
   if not cfg.model.hf_path:
     return None
-  from jaxrl_llm.model.hf_config import config_from_hf
-  from jaxrl_llm.model.hf_io import read_hf_config
+  from jaxrl_llm.model.io.hf_config import config_from_hf
+  from jaxrl_llm.model.io.hf_io import read_hf_config
 
   return config_from_hf(read_hf_config(cfg.model.hf_path)).family
 

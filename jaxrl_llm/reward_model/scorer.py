@@ -72,7 +72,7 @@ def load_reward_model(path: str, mesh, *, step: int | None = None) -> tuple[dict
   """(trunk params, head, ModelConfig) of a reward model's workdir (or its checkpoints/ folder), at `step`
   (None: the newest intact one), placed on `mesh`. A workdir whose checkpoint has no head (a policy
   run's) is an IncompatibleCheckpointError naming the workdir, the step and the missing field."""
-  from jaxrl_llm.checkpointing.init import checkpoint_dir
+  from jaxrl_llm.checkpointing.init_params import checkpoint_dir
   from jaxrl_llm.checkpointing.manager import CheckpointManager
 
   if not os.path.isdir(path):

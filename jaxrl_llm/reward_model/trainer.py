@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrl_llm.checkpointing.init import params_from_checkpoint
+from jaxrl_llm.checkpointing.init_params import params_from_checkpoint
 from jaxrl_llm.checkpointing.run import ExtraTree, plain
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import sharding as sharding_lib
@@ -428,7 +428,7 @@ class RewardModelRun:
     if isinstance(tok, CharTokenizer):
       base = tok.save_pretrained(out)  # tokenizer files, and the special ids config.json keeps
     else:
-      from jaxrl_llm.model.hf_io import read_hf_config
+      from jaxrl_llm.model.io.hf_io import read_hf_config
 
       base = read_hf_config(hf_path)
     save_reward_hf(state.params, state.reward_head, self.model_cfg, out, pad_id=tok.pad_id, base_config=base,

@@ -11,7 +11,7 @@ import dataclasses
 
 from jaxrl_llm.checks import DTYPES, bad, check_bool, check_choice, check_float, check_int
 from jaxrl_llm.sampling.mismatch import SamplerMismatch
-from jaxrl_llm.model.gguf_export import GGUF_EXPORT_TYPES
+from jaxrl_llm.model.io.gguf_export import GGUF_EXPORT_TYPES
 
 # An external engine's server (engine 'openai', sampling/openai_engine.py): how it gets the weights
 # (sampling/weight_sync.py), what a request that keeps failing costs, what a server that died gets.

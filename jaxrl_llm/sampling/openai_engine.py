@@ -93,7 +93,7 @@ from absl import logging
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.gguf_export import check_tokenizer_exportable
+from jaxrl_llm.model.io.gguf_export import check_tokenizer_exportable
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.sampling.config import SamplingConfig, ServerConfig
 from jaxrl_llm.sampling.engine import RolloutBatch, register_engine

@@ -15,7 +15,7 @@ the trainer computes them (`exported_weights`: the export's rounding, for
 the check's log p_new and log p_prev).
 
 * `RestartSync` ("restart", llama.cpp): export the params to a GGUF file
-  (model/gguf_export.py, `server.export` = f32 | f16 | q8_0 | q4_0) named
+  (model/io/gguf_export.py, `server.export` = f32 | f16 | q8_0 | q4_0) named
   after the version (`policy-v{version}.{export}.gguf`) and restart the
   server process on it (server_process.py); llama.cpp's GET /props reports
   the file it loaded (`model_path`). Runs here, tested against llama.cpp's
@@ -55,9 +55,9 @@ import numpy as np
 
 from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.gguf_export import export_gguf
-from jaxrl_llm.model.gguf_quants import dequantize
-from jaxrl_llm.model.hf_io import name_table, save_hf
+from jaxrl_llm.model.io.gguf_export import export_gguf
+from jaxrl_llm.model.io.gguf_quants import dequantize
+from jaxrl_llm.model.io.hf_io import name_table, save_hf
 from jaxrl_llm.sampling.http_client import ServerRejected, ServerUnavailable
 from jaxrl_llm.sampling.server_process import ServerNotReady
 from jaxrl_llm.sampling.sync_check import Deadline, SyncCheckFailed
@@ -75,7 +75,7 @@ class Exported:
 def exported_weights(params, cfg: ModelConfig, kind: str) -> tuple[dict, ModelConfig]:
   """(float32 params, their config): the weights a server holds once it has loaded the `kind` export of
   `params` (a model of `cfg`), dequantised. A LoRA model merged (W + s A B, lora.merged), as both exports
-  write it. GGUF (model/gguf_export.py, export_gguf): each 2-D Hugging Face tensor (`hf_io.name_table`;
+  write it. GGUF (model/io/gguf_export.py, export_gguf): each 2-D Hugging Face tensor (`hf_io.name_table`;
   export_gguf's `w.ndim == 2`) rounded to float16, or quantised with gguf's own quantiser
   (`gguf.quants.quantize`, export_gguf's call) and read back with the GGUF reader's `gguf_quants.dequantize`;
   norms and biases stay float32. The blocks run along the last Hugging Face axis, so llama's per-head row

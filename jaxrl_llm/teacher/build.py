@@ -42,10 +42,10 @@ def load_teacher_checkpoint(path: str, student_params, student_cfg: model_lib.Mo
   if not os.path.isdir(path):
     raise FileNotFoundError(f"config.teacher.{field}={path!r} does not exist: expected a Hugging "
                             "Face directory (config.json + *.safetensors) or a run's workdir")
-  from jaxrl_llm.checkpointing import init as ckpt_init
+  from jaxrl_llm.checkpointing import init_params as ckpt_init
   if ckpt_init.is_hf_dir(path):
-    from jaxrl_llm.model import hf_io
-    from jaxrl_llm.model.hf_config import config_from_hf
+    from jaxrl_llm.model.io import hf_io
+    from jaxrl_llm.model.io.hf_config import config_from_hf
     cfg = config_from_hf(hf_io.read_hf_config(path), param_dtype=student_cfg.param_dtype)
     if cfg.vocab_size != student_cfg.vocab_size:
       raise ValueError(f"config.teacher.{field}={path!r} has vocab_size={cfg.vocab_size} but the student "

@@ -157,8 +157,8 @@ class TeacherConfig:
 def student_vocab_size(model_spec) -> int:
   """V of the student's output head, as the trainer will build it (no weights read)."""
   if model_spec.hf_path:
-    from jaxrl_llm.model import hf_io
-    from jaxrl_llm.model.hf_config import config_from_hf
+    from jaxrl_llm.model.io import hf_io
+    from jaxrl_llm.model.io.hf_config import config_from_hf
     return config_from_hf(hf_io.read_hf_config(model_spec.hf_path)).vocab_size
   from jaxrl_llm.model.tokenizer import CharTokenizer
   return CharTokenizer().vocab_size
@@ -166,10 +166,10 @@ def student_vocab_size(model_spec) -> int:
 
 def saved_vocab_size(path: str) -> int:
   """V of a teacher checkpoint (a HF directory or a run's workdir), read from its config only."""
-  from jaxrl_llm.checkpointing import init as ckpt_init
+  from jaxrl_llm.checkpointing import init_params as ckpt_init
   if ckpt_init.is_hf_dir(path):
-    from jaxrl_llm.model import hf_io
-    from jaxrl_llm.model.hf_config import config_from_hf
+    from jaxrl_llm.model.io import hf_io
+    from jaxrl_llm.model.io.hf_config import config_from_hf
     return config_from_hf(hf_io.read_hf_config(path)).vocab_size
   from jaxrl_llm.checkpointing.manager import CheckpointManager
   mngr = CheckpointManager(ckpt_init.checkpoint_dir(path), read_only=True)

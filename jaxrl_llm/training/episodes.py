@@ -231,7 +231,7 @@ class EpisodePlayer:
   def __init__(self, run_cfg, task, tokenizer):
     env_cfg = self.env_cfg = run_cfg.env
     self.task, self.tokenizer = task, tokenizer
-    self.prompt_len = run_cfg.data.max_prompt_len  # resolved to fit the openings (training/setup.py)
+    self.prompt_len = run_cfg.data.max_prompt_len  # resolved to fit the openings (training/inputs.py)
     self.format_weight = run_cfg.data.format_weight  # the format part's weight in an episode's reward
     self.pool = env_registry.make_pool(env_cfg)
     env = self.make_env()

@@ -34,7 +34,7 @@ from jaxrl_llm.sampling.engine import make_engine
 from jaxrl_llm.sampling.exact import ExactEngine
 from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts
 from jaxrl_llm.tasks.rewards import RewardRunner
-from jaxrl_llm.training import provenance, setup
+from jaxrl_llm.training import inputs, provenance
 from jaxrl_llm.training.async_rollout import AsyncRollouts
 from jaxrl_llm.training.config import RunConfig
 from jaxrl_llm.learn.learner import snapshot
@@ -73,18 +73,18 @@ class Trainer:
     """`reward` replaces the config's reward runner and `optimizer` the policy's AdamW (both: tests,
     experiments); the rest comes from `cfg`."""
     self.workdir, self.log = workdir, log
-    data = setup.run_data(cfg, devices)
+    data = inputs.run_data(cfg, devices)
     cfg = data.cfg  # data.max_prompt_len resolved
     self.data, self.mesh, self.batch_sharding = data, data.mesh, data.batch_sharding
     shards = data.batch_shards
-    setup.check_batch_shards(cfg, shards)
+    inputs.check_batch_shards(cfg, shards)
     self.extensions: tuple[Extension, ...] = tuple(extensions) + extensions_for(cfg)
     names = [e.name for e in self.extensions]
     if len(set(names)) != len(names):
       raise ValueError(f"Trainer: extensions {names} hold a name twice (is one passed and also turned on "
                        "by the config?)")
     self.tokenizer, self.task = data.tokenizer, data.task
-    self.runner = reward if reward is not None else setup.make_reward_runner(cfg, self.task)
+    self.runner = reward if reward is not None else inputs.make_reward_runner(cfg, self.task)
     self.train_examples, self.eval_examples = data.train_examples, data.eval_examples
     cfg = self.cfg = cfg.with_micro_batch(cfg.data.max_prompt_len, shards)  # 0: from train.micro_batch_tokens
     cfg.check_pack_length()

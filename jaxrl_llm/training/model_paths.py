@@ -3,7 +3,7 @@
 `config.model.hf_path`, `config.teacher.checkpoint`, each path of
 `config.teacher.route_by_tag` and `config.init_checkpoint` may name a GGUF
 file; `resolve_model_paths` (called once by `from_config_dict`) replaces each
-by the Hugging Face directory converted from it (model/gguf_io.py, cached
+by the Hugging Face directory converted from it (model/io/gguf_io.py, cached
 under the model cache), so everything after the config sees a directory.
 With data.chat_template the student's GGUF must carry a chat template that
 renders. A bad file fails here, before any workdir exists.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxrl_llm.model.gguf_io import resolve_model_path
+from jaxrl_llm.model.io.gguf_io import resolve_model_path
 
 
 def resolve_model_paths(cfg):

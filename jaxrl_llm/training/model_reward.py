@@ -61,7 +61,7 @@ def reward_model_kind(path: str) -> dict:
 def check_reward_model_dir(path: str) -> None:
   """A one-line ConfigError unless `path` is a reward model's workdir whose newest checkpoint holds the
   score head (read from the checkpoint's metadata: no arrays are loaded)."""
-  from jaxrl_llm.checkpointing.init import checkpoint_dir
+  from jaxrl_llm.checkpointing.init_params import checkpoint_dir
   from jaxrl_llm.checkpointing.manager import CheckpointManager
 
   if not os.path.isdir(path):

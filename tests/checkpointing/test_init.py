@@ -9,9 +9,9 @@ import pytest
 
 from jaxrl_llm.checkpointing import (
     CheckpointManager, IncompatibleCheckpointError, NoCheckpointError)
-from jaxrl_llm.checkpointing.init import params_from_checkpoint as init_params
+from jaxrl_llm.checkpointing.init_params import params_from_checkpoint as init_params
 from jaxrl_llm.model import ModelConfig, init_params as model_init_eager
-from jaxrl_llm.model.hf_io import save_hf
+from jaxrl_llm.model.io.hf_io import save_hf
 
 CFG = ModelConfig.tiny(vocab_size=24, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
                        head_dim=16, d_ff=64)

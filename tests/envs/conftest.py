@@ -76,12 +76,12 @@ def pool():
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir(tmp_path_factory):
   """A directory with SmolLM2-135M-Instruct's tokenizer files and chat template, built from the packaged
-  GGUF (model/pretrained.py: fetched once per machine into the model cache). Skips when it is neither
+  GGUF (model/io/pretrained.py: fetched once per machine into the model cache). Skips when it is neither
   cached nor downloadable."""
-  from jaxrl_llm.model.gguf_arch import gguf_hf_config
-  from jaxrl_llm.model.gguf_reader import GGUFFile
-  from jaxrl_llm.model.gguf_tokenizer import gguf_tokenizer_files
-  from jaxrl_llm.model.pretrained import PipDownloadError, fetch_model
+  from jaxrl_llm.model.io.gguf_arch import gguf_hf_config
+  from jaxrl_llm.model.io.gguf_reader import GGUFFile
+  from jaxrl_llm.model.io.gguf_tokenizer import gguf_tokenizer_files
+  from jaxrl_llm.model.io.pretrained import PipDownloadError, fetch_model
 
   try:
     path = fetch_model("smollm2-135m")

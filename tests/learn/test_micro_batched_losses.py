@@ -11,7 +11,7 @@ from jaxrl_llm.reward_model.config import reward_config_from_dict
 from jaxrl_llm.reward_model.defaults import reward_model_config
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.model.build import make_model
-from jaxrl_llm.training.setup import check_batch_shards, run_data
+from jaxrl_llm.training.inputs import check_batch_shards, run_data
 from jaxrl_llm.training.sft import run_sft, sft_plan
 from jaxrl_llm.reward_model.trainer import RewardModelRun
 from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings

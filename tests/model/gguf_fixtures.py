@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import transformers
 
-from jaxrl_llm.model.gguf_quants import GGML_TYPES
+from jaxrl_llm.model.io.gguf_quants import GGML_TYPES
 
 BYTE_TYPES = {name: type_id for type_id, (name, _, _) in GGML_TYPES.items()}
 # Byte offsets of each block type's float16 scales (random bytes there could be NaN or inf).

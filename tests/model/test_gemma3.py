@@ -17,8 +17,8 @@ from safetensors import safe_open
 from jaxrl_llm.model import (ModelConfig, forward, init_cache, init_params, logits,
                              param_shapes, unstack_layers)
 from jaxrl_llm.model.config import pattern_layer_types
-from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
-from jaxrl_llm.model.hf_io import load_hf, read_hf_config, save_hf
+from jaxrl_llm.model.io.hf_config import config_from_hf, config_to_hf
+from jaxrl_llm.model.io.hf_io import load_hf, read_hf_config, save_hf
 from jaxrl_llm.model.sharding import MeshConfig, cache_sharding, make_mesh
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.generate import generate

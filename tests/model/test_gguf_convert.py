@@ -17,9 +17,9 @@ from safetensors.numpy import load_file
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import forward, logits
-from jaxrl_llm.model.gguf_arch import unpermute_heads
-from jaxrl_llm.model.gguf_io import SOURCE_FILE, gguf_to_hf, resolve_model_path
-from jaxrl_llm.model.hf_io import load_hf
+from jaxrl_llm.model.io.gguf_arch import unpermute_heads
+from jaxrl_llm.model.io.gguf_io import SOURCE_FILE, gguf_to_hf, resolve_model_path
+from jaxrl_llm.model.io.hf_io import load_hf
 from jaxrl_llm.model.tokenizer import check_hf_dir, load_tokenizer
 
 from gguf_fixtures import (CHATML, bpe_vocab, gguf_tensors, llama3_rope_freqs, llama_cpp_permute, model_gguf,

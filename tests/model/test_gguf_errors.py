@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model.gguf_io import gguf_to_hf
+from jaxrl_llm.model.io.gguf_io import gguf_to_hf
 
 from gguf_fixtures import gguf_tensors, random_blocks, tiny_hf_model, bpe_vocab, write_gguf
 

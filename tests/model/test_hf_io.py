@@ -15,7 +15,7 @@ import transformers
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from jaxrl_llm.model.hf_io import load_hf, read_hf_config, save_hf
+from jaxrl_llm.model.io.hf_io import load_hf, read_hf_config, save_hf
 from jaxrl_llm.model.sharding import MeshConfig, make_mesh, param_shardings
 
 from hf_fixtures import VOCAB, build_hf_model
@@ -171,7 +171,7 @@ def test_missing_misshaped_and_unexpected_tensors_are_named(hf_dirs, tmp_path):
                                     "llama3_1_8b"])
 def test_preset_configs_round_trip_through_config_json(preset):
   from jaxrl_llm.model.config import ModelConfig
-  from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
+  from jaxrl_llm.model.io.hf_config import config_from_hf, config_to_hf
   cfg = ModelConfig.preset(preset)
   hf = json.loads(json.dumps(config_to_hf(cfg)))
   assert config_from_hf(hf) == cfg
@@ -185,7 +185,7 @@ def test_preset_configs_round_trip_through_config_json(preset):
 
 def test_export_refuses_configs_the_family_cannot_express():
   from jaxrl_llm.model.config import ModelConfig
-  from jaxrl_llm.model.hf_config import config_to_hf
+  from jaxrl_llm.model.io.hf_config import config_to_hf
   with pytest.raises(ValueError, match="qkv_bias=True cannot be exported as family='llama'"):
     config_to_hf(ModelConfig.tiny(64, qkv_bias=True))
   with pytest.raises(ValueError, match="qk_norm"):
@@ -217,7 +217,7 @@ QWEN2_5_0_5B = {
 
 def test_published_config_json_matches_presets():
   from jaxrl_llm.model.config import ModelConfig
-  from jaxrl_llm.model.hf_config import config_from_hf
+  from jaxrl_llm.model.io.hf_config import config_from_hf
   bf16 = dict(param_dtype="bfloat16", compute_dtype="bfloat16")
   assert config_from_hf(LLAMA_3_2_1B) == ModelConfig.preset("llama3_2_1b", **bf16)
   assert config_from_hf(QWEN2_5_0_5B) == ModelConfig.preset("qwen2_5_0_5b", **bf16)

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from jaxrl_llm.model import forward, logits
-from jaxrl_llm.model.hf_io import load_hf
+from jaxrl_llm.model.io.hf_io import load_hf
 
 from hf_fixtures import VOCAB
 

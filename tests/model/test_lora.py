@@ -213,7 +213,7 @@ def test_merged_hf_export_loads_in_transformers_with_the_adapted_logits(hf_dirs,
   import torch
   import transformers
 
-  from jaxrl_llm.model.hf_io import load_hf, read_hf_config, save_hf
+  from jaxrl_llm.model.io.hf_io import load_hf, read_hf_config, save_hf
   from test_hf_parity import TOL, padded_batch
 
   base, base_cfg = load_hf(hf_dirs["qwen3"])

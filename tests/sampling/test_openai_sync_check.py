@@ -19,7 +19,7 @@ import pytest
 
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.cli import is_user_error
-from jaxrl_llm.model.hf_io import save_hf
+from jaxrl_llm.model.io.hf_io import save_hf
 from jaxrl_llm.model.params import init_params
 from jaxrl_llm.sampling.config import ServerConfig
 from jaxrl_llm.sampling.openai_engine import OpenAIEngine, make_openai_engine

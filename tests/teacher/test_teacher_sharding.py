@@ -9,7 +9,7 @@ from jax.sharding import NamedSharding
 
 from jaxrl_llm import model as model_lib
 from jaxrl_llm import teacher as tlib
-from jaxrl_llm.model import hf_io
+from jaxrl_llm.model.io import hf_io
 from jaxrl_llm.model.sharding import MeshConfig, init_sharded_params, make_mesh, param_shardings
 
 V = 64

@@ -41,7 +41,7 @@ def test_config_errors_name_the_field():
 def test_missing_and_mismatched_teacher_checkpoints(tmp_path):
   with pytest.raises(FileNotFoundError, match="teacher.checkpoint=.*does not exist"):
     tlib.load_teacher_checkpoint(str(tmp_path / "nope"), _params(0), CFG)
-  from jaxrl_llm.model import hf_io
+  from jaxrl_llm.model.io import hf_io
   other = dataclasses.replace(CFG, vocab_size=CFG.vocab_size + 5)
   hf_io.save_hf(model_lib.init_params(other, jax.random.key(1)), other, str(tmp_path / "hf"))
   with pytest.raises(ValueError, match=rf"vocab_size={CFG.vocab_size + 5} but the student has {CFG.vocab_size}"):

@@ -64,7 +64,7 @@ def test_routed_topk_sign_gated_distillation_trains(tmp_path, quiet_log):
   """
   import jax
   from jaxrl_llm import model as model_lib
-  from jaxrl_llm.model import hf_io
+  from jaxrl_llm.model.io import hf_io
   from jaxrl_llm.model.tokenizer import CharTokenizer
 
   tcfg = model_lib.ModelConfig.tiny(CharTokenizer().vocab_size, d_model=48, n_layers=1, n_heads=2, n_kv_heads=1,

@@ -80,7 +80,7 @@ def test_trainer_weights_equal_the_pure_functions(signal, sign_gate):
 
 
 def test_route_by_tag_equals_teacher_for_tasks(tmp_path):
-  from jaxrl_llm.model import hf_io
+  from jaxrl_llm.model.io import hf_io
   for name, seed in (("a", 0), ("b", 1)):
     hf_io.save_hf(tiny_params(seed), CFG, str(tmp_path / name))
   a, b = tmp_path / "a", tmp_path / "b"
@@ -131,7 +131,7 @@ def test_new_keys_are_validated_from_the_config_file():
 
 
 def test_preflight_rejects_bad_teachers_before_training(tmp_path):
-  from jaxrl_llm.model import hf_io
+  from jaxrl_llm.model.io import hf_io
   V = CFG.vocab_size  # 99, the character tokenizer's
   other = dataclasses.replace(CFG, vocab_size=V + 5)
   hf_io.save_hf(tiny_params(0, other), other, str(tmp_path / "wide_vocab"))

@@ -39,8 +39,8 @@ import numpy as np
 from jaxrl_llm.checks import ConfigError, check_choice
 from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.gguf_io import SOURCE_FILE
-from jaxrl_llm.model.hf_io import name_table
+from jaxrl_llm.model.io.gguf_io import SOURCE_FILE
+from jaxrl_llm.model.io.hf_io import name_table
 from jaxrl_llm.model.tokenizer import BOS, EOS, PAD, CharTokenizer
 
 GGUF_EXPORT_TYPES = ("f32", "f16", "q8_0", "q4_0")

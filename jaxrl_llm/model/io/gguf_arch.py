@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model.gguf_reader import GGUFFile
+from jaxrl_llm.model.io.gguf_reader import GGUFFile
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 _HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),

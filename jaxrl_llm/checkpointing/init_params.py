@@ -59,8 +59,8 @@ def params_from_checkpoint(path: str, target_params: Any, model_config: Any, *,
     if step is not None:
       raise ValueError(f"init_checkpoint step = {step}: a Hugging Face directory "
                        "has no steps; leave the step unset")
-    from jaxrl_llm.model import hf_io  # pylint: disable=import-outside-toplevel
-    from jaxrl_llm.model.hf_config import config_from_hf  # pylint: disable=import-outside-toplevel
+    from jaxrl_llm.model.io import hf_io  # pylint: disable=import-outside-toplevel
+    from jaxrl_llm.model.io.hf_config import config_from_hf  # pylint: disable=import-outside-toplevel
     # Compare configs before reading any tensor.
     cfg = config_from_hf(hf_io.read_hf_config(path), param_dtype=model_config.param_dtype)
     _compare(to_jsonable(model_config), to_jsonable(cfg), f"Hugging Face directory {path}")

@@ -31,7 +31,7 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.model import lora
 from jaxrl_llm.model import params as params_lib
 from jaxrl_llm.model.config import ModelConfig
-from jaxrl_llm.model.hf_config import config_from_hf, config_to_hf
+from jaxrl_llm.model.io.hf_config import config_from_hf, config_to_hf
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "tokenizer.model",

@@ -29,7 +29,7 @@ import json
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model.gguf_reader import GGUFFile
+from jaxrl_llm.model.io.gguf_reader import GGUFFile
 
 TOKENIZER_MODELS = ("gpt2", "llama")
 _CONTROL, _USER_DEFINED = 3, 4

@@ -3,15 +3,15 @@
 `gguf_to_hf(gguf, out)` (the `python -m jaxrl_llm.convert gguf_to_hf`
 subcommand) writes config.json, safetensors of the dequantised weights
 (float32 by default, in Hugging Face's names and layout, llama.cpp's
-changes undone: model/gguf_arch.py), the tokenizer files built from the
-metadata (model/gguf_tokenizer.py), the chat template, and
+changes undone: model/io/gguf_arch.py), the tokenizer files built from the
+metadata (model/io/gguf_tokenizer.py), the chat template, and
 gguf_source.json (which file, its size and sha256). Everything is checked
 first, and the directory appears whole or not at all (it is written beside
 its final name and renamed).
 
 `resolve_model_path(path)` is how `config.model.hf_path`, the teacher's
 checkpoint paths and `init_checkpoint` accept a `.gguf` file: the file is
-converted once into the model cache (model/pretrained.py's `models_dir()`,
+converted once into the model cache (model/io/pretrained.py's `models_dir()`,
 under hf/<file stem>-<key>, the key from the file's absolute path, size and
 mtime and CONVERTER_VERSION) and the run reads that directory like any other
 Hugging Face checkpoint. Other paths pass through unchanged.
@@ -30,10 +30,10 @@ from absl import logging
 from safetensors.numpy import save_file
 
 from jaxrl_llm.checks import ConfigError, check_choice
-from jaxrl_llm.model.gguf_arch import gguf_hf_config, gguf_tensor_moves
-from jaxrl_llm.model.gguf_reader import GGUFFile
-from jaxrl_llm.model.gguf_tokenizer import gguf_tokenizer_files
-from jaxrl_llm.model.pretrained import models_dir
+from jaxrl_llm.model.io.gguf_arch import gguf_hf_config, gguf_tensor_moves
+from jaxrl_llm.model.io.gguf_reader import GGUFFile
+from jaxrl_llm.model.io.gguf_tokenizer import gguf_tokenizer_files
+from jaxrl_llm.model.io.pretrained import models_dir
 
 # Part of the cache key of converted files: bump it whenever what gguf_to_hf writes changes.
 CONVERTER_VERSION = 1

@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from jaxrl_llm.checks import ConfigError
-from jaxrl_llm.model.gguf_quants import GGML_TYPE_NAMES, GGML_TYPES, dequantize, ggml_type_name
+from jaxrl_llm.model.io.gguf_quants import GGML_TYPE_NAMES, GGML_TYPES, dequantize, ggml_type_name
 
 _MAGIC = b"GGUF"
 _REQUIRED = object()
