@@ -130,6 +130,12 @@ class RolloutEngine(Protocol):
     """The engine's own counters for the step's metrics (requests, retries, restarts, sync seconds);
     {} for an engine without any."""
 
+  def turn_sampler(self, player, key: jax.Array) -> Callable[[list, list, int], Any]:
+    """Episodes (training/episodes.py): the function (contexts, budgets, round) -> that round's
+    sampling.turns.SampledTurns, one turn per context under its token budget, sampled with this
+    engine's weights and `player`'s turn settings (its `stop_strings`, `round_sampler`); round k draws
+    with fold_in(key, k). An engine that cannot play episodes raises a ConfigError naming it."""
+
   def close(self) -> None:
     """Release what the engine holds (processes, connections)."""
 
@@ -225,6 +231,14 @@ class JaxSampler:
 
   def metrics(self) -> dict[str, float]:
     return {}  # in-process sampling: no requests, retries or restarts to count
+
+  def turn_sampler(self, player, key):
+    """Each round's turns sampled in this process with the synced weights (the player's
+    `round_sampler`: sampling/turns.py, its cache kept across rounds where the player keeps it)."""
+    if self.params is None:
+      raise RuntimeError("JaxSampler.turn_sampler before sync: the engine has no weights yet")
+    mesh = self.batch_sharding.mesh if self.batch_sharding is not None else None
+    return player.round_sampler(self.params, self.model_cfg, self.sampling_cfg, key, mesh=mesh)
 
   def close(self) -> None:
     self.params = None

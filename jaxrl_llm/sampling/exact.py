@@ -41,17 +41,29 @@ def exact_logprobs(params, model_cfg, sampling_cfg, rows: RolloutBatch, *, impl:
   `params` (its own, weight mismatch applied), cast as the sampler runs them, `chunk` rows per
   program placed with `batch_sharding`, by the trainer's row-wise program."""
   params = cast_params(params, sampling_cfg.dtype)
-  run_cfg = sampler_model_config(model_cfg, sampling_cfg)
   shards = 1 if batch_sharding is None else sharding_lib.batch_shards(batch_sharding.mesh)
+  static = exact_static(model_cfg, sampling_cfg, impl=impl, shards=shards)
   arrays = (rows.prompt_BP, rows.prompt_mask_BP, rows.tokens_BR, rows.context_BR, rows.mask_BR)
   outs = []
   for s in range(0, rows.tokens_BR.shape[0], chunk):
     args = tuple(a[s:s + chunk] for a in arrays)
     if batch_sharding is not None:
       args = sharding_lib.put(args, batch_sharding)
-    outs.append(rowwise_logprobs(params, *args, model_cfg=run_cfg, temperature=sampling_cfg.temperature,
-                                 impl=impl, shards=shards)[0])
+    outs.append(rowwise_logprobs(params, *args, **static)[0])
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
+
+
+def exact_static(model_cfg, sampling_cfg, *, impl: str, shards: int) -> dict:
+  """The static arguments of `exact_logprobs`' program (model/invariant.rowwise_logprobs on params cast
+  to the sampler's dtype): what the engine runs and the compile command lowers (tpu/programs.py)."""
+  return dict(model_cfg=sampler_model_config(model_cfg, sampling_cfg), temperature=sampling_cfg.temperature,
+              impl=impl, shards=shards)
+
+
+def exact_chunk(batch_rows: int, micro_batch_size: int) -> int:
+  """Rows per program of `exact_logprobs` for a batch of `batch_rows` rows (ExactEngine): the
+  micro-batch where it divides the batch, else the whole batch."""
+  return micro_batch_size if batch_rows % micro_batch_size == 0 else batch_rows
 
 
 class ExactEngine:
@@ -71,11 +83,13 @@ class ExactEngine:
   def metrics(self) -> dict[str, float]:
     return self.inner.metrics()
 
+  def turn_sampler(self, player, key):
+    return self.inner.turn_sampler(player, key)
+
   def generate(self, prompts, key) -> RolloutBatch:
     batch = self.inner.generate(prompts, key)
     s = self.sampler
-    B = batch.tokens_BR.shape[0]
-    chunk = self.chunk if B % self.chunk == 0 else B
+    chunk = exact_chunk(batch.tokens_BR.shape[0], self.chunk)
     # The trainer runs its steps with the mesh in context (the vocabulary ops read it); so does this
     # recompute, also from the background thread of rollout.overlap.
     mesh = s.batch_sharding.mesh if s.batch_sharding is not None else None

@@ -395,6 +395,17 @@ class OpenAIEngine:
       self.process.stop()
     self.weight_sync.close()
 
+  def turn_sampler(self, player, key):
+    """Each round's turns sent to the server as token-id prompts (sampling/openai_turns.py), stopped at
+    the player's stop strings."""
+    from jaxrl_llm.sampling.openai_turns import sample_turns_openai  # pylint: disable=import-outside-toplevel
+
+    stops = player.stop_strings
+
+    def sample_round(contexts, budgets, rnd):
+      return sample_turns_openai(self, contexts, budgets, jax.random.fold_in(key, rnd), stop_strings=stops)
+    return sample_round
+
   def metrics(self) -> dict[str, float]:
     """Counters since the start (requests, retries, failures, restarts, syncs, failed checks, timeouts), the
     last sync's seconds and what its check found (the version the server reports, max |delta log p| and the

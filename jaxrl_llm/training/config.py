@@ -300,9 +300,8 @@ class RunConfig:
     check_choice("config.env.name", env.name, (NO_ENV,) + env_names())
     if not env.active:
       return
-    if ro.engine not in ("builtin", "openai"):
-      raise bad("config.rollout.engine", ro.engine, f"env.name={env.name!r} samples its episodes with the built-in "
-                "engine or the openai engine's server: use 'builtin' or 'openai' (or env.name='none')")
+    # rollout.engine: an engine plays episodes where it has a turn sampler (Trainer.rollout_engine checks it
+    # once the engine exists: builtin and openai do, a registered engine may)
     if self.teacher.enabled:
       raise bad("config.teacher.source", self.teacher.source, f"env.name={env.name!r}: a teacher does not read "
                 "episodes yet (it would not see the environment's tokens): use 'none'")

@@ -45,8 +45,6 @@ from jaxrl_llm.envs.render import ChatRenderer, PlainRenderer
 from jaxrl_llm.model import distributed
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
-from jaxrl_llm.sampling.openai_engine import OpenAIEngine
-from jaxrl_llm.sampling.openai_turns import sample_turns_openai
 from jaxrl_llm.sampling.turns import KeptCache, SampledTurns, sample_turns, stop_sequences
 from jaxrl_llm.tasks.base import Example
 
@@ -247,9 +245,16 @@ class EpisodePlayer:
 
   def play(self, params, model_cfg, examples: Sequence[Example], sampling_cfg, key, *, mesh=None,
            version: int = -1) -> RolloutBatch:
-    """One episode per example (row b plays `examples[b]`) with the built-in sampler, every turn sampled
-    with `sampling_cfg`'s processing (temperature, top-k, top-p, dtype; greedy for the evaluation):
-    round k with fold_in(key, k), row b of it with fold_in(that, b). -> their RolloutBatch."""
+    """One episode per example (row b plays `examples[b]`) with the built-in sampler on `params`
+    (`round_sampler`). -> their RolloutBatch."""
+    return self.play_rounds(self.round_sampler(params, model_cfg, sampling_cfg, key, mesh=mesh), examples,
+                            version=version)
+
+  def round_sampler(self, params, model_cfg, sampling_cfg, key, *, mesh=None) -> RoundSampler:
+    """The built-in sampler's rounds on `params`: every turn sampled with `sampling_cfg`'s processing
+    (temperature, top-k, top-p, dtype; greedy for the evaluation), at most env.max_turn_tokens tokens,
+    stopped at the environment's stop strings; round k with fold_in(key, k), row b of it with
+    fold_in(that, b); with env.keep_cache each row's KV cache kept from round to round."""
     turn_cfg = dataclasses.replace(sampling_cfg, n_samples=1, max_new_tokens=self.env_cfg.max_turn_tokens,
                                    record_topk=0,
                                    stop_sequences=stop_sequences(self.tokenizer, self.stop_strings))
@@ -264,7 +269,7 @@ class EpisodePlayer:
         return sample_turns(params, model_cfg, contexts, budgets, turn_cfg, jax.random.fold_in(key, rnd),
                             mesh=mesh, tokenizer=self.tokenizer, stop_strings=self.stop_strings)
 
-    return self.play_rounds(sample_round, examples, version=version)
+    return sample_round
 
   def play_rounds(self, sample_round: RoundSampler, examples: Sequence[Example], *, version: int = -1
                   ) -> RolloutBatch:
@@ -313,18 +318,7 @@ class EpisodeEngine:
     inner, G = self.inner, self.sampling_cfg.n_samples
     examples = [Example(prompt=p, answer=a, tag=t) for p, a, t in zip(prompts.prompts, prompts.answers, prompts.tags)
                 for _ in range(G)]
-    if isinstance(inner, OpenAIEngine):
-      stops = self.player.stop_strings
-
-      def sample_round(contexts, budgets, rnd):
-        return sample_turns_openai(inner, contexts, budgets, jax.random.fold_in(key, rnd), stop_strings=stops)
-
-      return self.player.play_rounds(sample_round, examples, version=inner.version)
-    if inner.params is None:
-      raise RuntimeError("EpisodeEngine.generate before sync: the engine has no weights yet")
-    mesh = inner.batch_sharding.mesh if inner.batch_sharding is not None else None
-    return self.player.play(inner.params, inner.model_cfg, examples, inner.sampling_cfg, key, mesh=mesh,
-                            version=inner.version)
+    return self.player.play_rounds(inner.turn_sampler(self.player, key), examples, version=inner.version)
 
   def close(self) -> None:
     self.inner.close()

@@ -181,13 +181,19 @@ class Trainer:
     makes it before the warm start, so that what it checks (a server that does not answer, another
     vocabulary, a sampling setting the server does not apply) is an error before any training."""
     if self.engine is None:
-      self.engine = sampler = make_engine(self.cfg.rollout.engine, model_cfg=self.model_cfg,
-                                          sampling_cfg=self.sampling_cfg, tokenizer=self.tokenizer,
-                                          batch_sharding=self.batch_sharding, run_cfg=self.cfg)
+      engine = sampler = make_engine(self.cfg.rollout.engine, model_cfg=self.model_cfg,
+                                     sampling_cfg=self.sampling_cfg, tokenizer=self.tokenizer,
+                                     batch_sharding=self.batch_sharding, run_cfg=self.cfg)
       if self.episodes is not None:  # each sample an episode of the environment (training/episodes.py)
-        self.engine = EpisodeEngine(self.engine, self.episodes, self.sampling_cfg)
+        if not callable(getattr(sampler, "turn_sampler", None)):
+          sampler.close()
+          raise ConfigError(f"config.rollout.engine={self.cfg.rollout.engine!r} cannot play the episodes of "
+                            f"env.name={self.cfg.env.name!r}: its {type(sampler).__name__} has no turn_sampler "
+                            "(sampling/engine.py's RolloutEngine); allowed: an engine with one, or env.name='none'")
+        engine = EpisodeEngine(engine, self.episodes, self.sampling_cfg)
       if self.cfg.rollout.exact:  # log mu by the recompute's own row-wise program (sampling/exact.py)
-        self.engine = ExactEngine(self.engine, sampler, impl=self.cfg.kernels.impl, chunk=self.cfg.micro_batch_size)
+        engine = ExactEngine(engine, sampler, impl=self.cfg.kernels.impl, chunk=self.cfg.micro_batch_size)
+      self.engine = engine
     return self.engine
 
   def make_updater(self, state: TrainState) -> Updater:

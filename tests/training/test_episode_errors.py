@@ -42,3 +42,48 @@ def test_an_episode_step_that_raises_ends_play_with_its_error(pool):
   episodes = [Episode(env, PlainRenderer(TOK), ex, limits) for env in envs]
   with pytest.raises(ValueError, match="the environment broke"):
     episodes_lib.play(episodes, scripted_rounds([[("7", FINISH_EOS)], [("7", FINISH_EOS)]]))
+
+
+class _SingleTurnEngine:
+  """A registered rollout engine with the four methods of a single-turn run and no turn sampler."""
+
+  version = -1
+
+  def __init__(self, **_):
+    self.closed = False
+
+  def sync(self, params, version):
+    pass
+
+  def generate(self, prompts, key):
+    raise AssertionError("not reached")
+
+  def metrics(self):
+    return {}
+
+  def close(self):
+    self.closed = True
+
+
+def test_an_engine_without_a_turn_sampler_is_refused_for_episodes(tmp_path):
+  """rollout.engine names a registered engine that cannot sample episode turns, under an environment: one
+  ConfigError naming the engine and the environment, before any training; the engine is closed."""
+  import jax
+  from run_helpers import load_config, make_trainer, shrink
+
+  from jaxrl_llm.checks import ConfigError
+  from jaxrl_llm.sampling.engine import engine_names, register_engine
+  from jaxrl_llm.training.config import from_config_dict
+
+  made = []
+  if "single_turn_test" not in engine_names():
+    register_engine("single_turn_test", lambda **kw: made.append(_SingleTurnEngine(**kw)) or made[-1])
+  cfg = from_config_dict(shrink(load_config("examples/arithmetic_calculator"),
+                                **{"rollout.engine": "single_turn_test"}))
+  tr = make_trainer(cfg, tmp_path, lambda s: None)
+  tr.init_state(jax.random.key(0))
+  with pytest.raises(ConfigError, match=r"config.rollout.engine='single_turn_test' cannot play the episodes of "
+                                        r"env.name='calculator': its _SingleTurnEngine has no turn_sampler"):
+    tr.rollout_engine()
+  assert made and made[-1].closed and tr.engine is None
+  tr.runner.close()
