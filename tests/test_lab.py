@@ -67,18 +67,20 @@ def _sweeps(out):
   return runs
 
 
-# The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
+# The grid runs once: the module's tests go to one pytest-xdist worker, and its fixtures are that
+# worker's for the session (a module-scoped one is set up again wherever the worker runs another
+# module's test between two of this one's).
 pytestmark = pytest.mark.xdist_group("test_lab")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("lab_base") / "tiny.py"
   path.write_text(TINY_BASE)
   return str(path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def grid_dir(tmp_path_factory, base_file):
   """The grid, SIGKILLed (lab and runs) once its first cell is done and a later run has started (so
   the kill always lands mid-run), then rerun to the end."""

@@ -10,6 +10,7 @@ tests/training/test_program_identity.py finds the same StableHLO both ways):
 | rollout/sync | the sampler's copy under rollout.sampler_sharding=tensor (sampling/engine.py's sampler_gather) | 1 |
 | rollout/prefill | sampling.loop.prefill | 1 (dynamic sampling's refills not counted) |
 | rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
+| rollout/exact | rollout.exact: log mu by the recompute's row-wise program (sampling/exact.py) | rows / micro-batch |
 | recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
 | recompute/packed | a chunk in the largest packing train.pack runs (PackPolicy.largest) | 0 (for a padded one) |
 | update | training.update.Updater (learn/learner.py) | epochs x mini-batches |
@@ -115,7 +116,7 @@ class Program:
   calls_per_step: float  # runs per RL step; 0: outside the RL steps (warm start, evaluation)
   note: str = ""
   sampling: Any = None  # prefill / decode: the SamplingConfig
-  rows: int = 0  # prefill / decode: prompts in (the decode's rows are rows x n_samples)
+  rows: int = 0  # prefill / decode: prompts in (the decode's rows are rows x n_samples); rollout/exact: rows a program
   params_view: Callable[[Any], Any] | None = None  # params shapes -> the program's copy (the sampler's layout)
   layout: tuple[int, int] | None = None  # a packed program's (S, buffers per chunk): PackPolicy.largest
   flops: Callable[[Any], float] | None = None  # model config -> its model FLOPs (None: tpu/forecast.py's rule)
@@ -227,6 +228,24 @@ def resized(state, cache_len: int):
   return jax.tree_util.tree_map_with_path(fix, state)
 
 
+@_in_mesh
+def lower_exact(shapes: RunShapes, model_cfg, params, rows: int):
+  """rollout.exact: log mu of `rows` finished rows by the trainer's row-wise program on the sampler's
+  weights in its dtype (sampling/exact.py's exact_logprobs)."""
+  from jaxrl_llm.model.invariant import rowwise_logprobs  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.sampling.exact import exact_static  # pylint: disable=import-outside-toplevel
+
+  scfg, m = shapes.sampling, shapes.mesh
+  P_, R = shapes.prompt_len, shapes.response_len
+  if scfg.dtype is not None:  # as exact_logprobs casts them (sampling.loop.cast_params)
+    params = jax.tree.map(lambda x: sds(x.shape, scfg.dtype, x.sharding) if jnp.issubdtype(x.dtype, jnp.floating)
+                          else x, params)
+  args = (row_sds(m, (rows, P_), jnp.int32), row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32),
+          row_sds(m, (rows, R), jnp.bool_), row_sds(m, (rows, R), jnp.bool_))
+  static = exact_static(model_cfg, scfg, impl=shapes.cfg.kernels.impl, shards=sharding_lib.batch_shards(m))
+  return rowwise_logprobs.lower(params, *args, **static)
+
+
 def _value_sds(shapes: RunShapes):
   vshapes = jax.eval_shape(lambda: init_value_head(shapes.model_cfg.d_model, jax.random.key(0)))
   return with_shardings(vshapes, jax.tree.map(lambda _: sharding_lib.replicated(shapes.mesh), vshapes))
@@ -262,7 +281,7 @@ def lower_recompute(shapes: RunShapes, model_cfg, params, rows: int, layout: tup
   # (prompt, its mask, response tokens, the tokens attended, the sampled ones: RecomputeSpec.run_chunk's rows)
   args = (row_sds(m, (rows, P_), jnp.int32), row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32),
           row_sds(m, (rows, R), jnp.bool_), row_sds(m, (rows, R), jnp.bool_))
-  spec = recompute_lib.RecomputeSpec.from_run(cfg, model_cfg)
+  spec = recompute_lib.RecomputeSpec.from_run(cfg, model_cfg, sharding=sharding_lib.batch_sharding(m))
   return spec.lower_chunk(params, _value_sds(shapes), args + (packing_sds(shapes, layout, rows),),
                           with_values=cfg.use_value)
 
@@ -411,11 +430,19 @@ def run_programs(shapes: RunShapes) -> list[Program]:
                   view),
           Program("rollout/decode", "decode", None, 1, 1.0,
                   f"{B} rows; forecast: every row decodes max_response_len tokens", scfg, B // G, view)]
+  if cfg.rollout.exact:
+    from jaxrl_llm.sampling.exact import exact_chunk  # pylint: disable=import-outside-toplevel
+
+    xc = exact_chunk(B, chunk)
+    out.append(Program("rollout/exact", "plain", lambda mc, p, _: lower_exact(shapes, mc, p, xc), 1, B / xc,
+                       f"rollout.exact: log mu of {B // xc} chunks of {xc} rows, row by row "
+                       "(model/invariant.py), on the sampler's weights", rows=xc, params_view=view))
   if shapes.recomputes:
     what = "+".join(n for n, on in (("pi_prox", cfg.prox.forward),
                                     ("pi_ref", cfg.objective.needs_ref or cfg.log.kl_to_ref)) if on)
     out.append(Program("recompute", "plain", lambda mc, p, _: lower_recompute(shapes, mc, p, chunk), 1,
-                       shapes.recomputes * (B // chunk), f"{what}: {B // chunk} chunks of {chunk} rows each"))
+                       shapes.recomputes * (B // chunk), f"{what}: {B // chunk} chunks of {chunk} rows each"
+                       + (", row by row (rollout.exact: model/invariant.py)" if cfg.rollout.exact else "")))
   if cfg.teacher.enabled:
     chunk_t = min(chunk, B)
     out.append(Program("teacher", "plain", lambda mc, p, _: lower_teacher(shapes, mc, p, chunk_t), 1, B / chunk_t,

@@ -73,7 +73,12 @@ class RecomputeSpec:
     return _chunk(params, vparams, *args, **self._static(with_values))
 
   def lower_chunk(self, params, vparams, args, *, with_values: bool):
-    """`run_chunk`'s program lowered for these arguments (arrays or ShapeDtypeStructs with shardings)."""
+    """The program of one chunk lowered for these arguments (arrays or ShapeDtypeStructs with shardings):
+    `run_chunk`'s, or with `rowwise` model/invariant.py's (log-probs and hidden states; the values are
+    a second, small program over those)."""
+    if self.rowwise:
+      return rowwise_logprobs.lower(params, *args[:5], model_cfg=self.model_cfg, temperature=self.temperature,
+                                    impl=self.impl, shards=self.shards)
     return _chunk.lower(params, vparams, *args, **self._static(with_values))
 
   def _static(self, with_values: bool) -> dict:

@@ -427,10 +427,10 @@ def test_the_teacher_pass_compiles_with_its_vocabulary_kernels():
   assert by_name["update"].mosaic_kernels == 6 == by_name["update/packed"].mosaic_kernels  # packed: the same term
 
 
-@pytest.mark.parametrize("objective", ["bradley_terry", "dpo"])
-def test_reward_model_training_is_planned(objective):
-  """`--config=configs/reward_model.py` (or dpo.py): the run's optimizer step in micro-batches and its
-  held-out step, compiled and forecast; the step trains rows x 2 sequences of the data's length."""
+def test_reward_model_training_is_planned(objective="dpo"):
+  """`--config=configs/dpo.py` (reward_model.py, process_reward_model.py alike): the run's optimizer step
+  in micro-batches and its held-out step, compiled and forecast; the step trains rows x 2 sequences of
+  the data's length. (Each objective's programs are the run's: tests/training/test_program_identity.py.)"""
   from jaxrl_llm.reward_model.config import reward_config_from_dict
   from jaxrl_llm.reward_model.defaults import reward_model_config
   from jaxrl_llm.training.tiny import apply_settings
@@ -457,3 +457,17 @@ def test_reward_model_training_is_planned(objective):
   md = report.plan_markdown(head, reports, step, chip)
   assert "Reward-model step forecast (roofline lower bound)" in md and "trained tokens/s/chip" in md
   assert "| reward/train |" in md and report.misfits(reports, head) == []
+
+
+def test_the_exact_mode_compiles():
+  """rollout.exact (issue 43): log mu and the recompute by model/invariant.py's row-wise program, compiled
+  by XLA:TPU with the vocabulary kernel the recompute runs (Mosaic), in f32 and with a bf16 sampler."""
+  for sampler_dtype in ("float32", "bfloat16"):
+    cfg = _cfg(**{"rollout.exact": True, "rollout.sampler_dtype": sampler_dtype})
+    _, reports, _, _ = compile_lib.plan(cfg, TOPOLOGY, probes=False, programs="rollout/exact,recompute",
+                                        log=lambda s: None)
+    by_name = {r.name: r for r in reports}
+    assert list(by_name) == ["rollout/exact", "recompute"]  # row by row: no packed recompute
+    assert "row by row" in by_name["recompute"].note and by_name["rollout/exact"].calls_per_step > 0
+    for r in reports:
+      assert r.fits and 0 < r.memory["peak"] < r.hbm_bytes and r.mosaic_kernels == 1, (sampler_dtype, r)

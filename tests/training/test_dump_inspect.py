@@ -53,7 +53,7 @@ def _one_step(name, workdir, **overrides):
 pytestmark = pytest.mark.xdist_group("training.test_dump_inspect")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (the module's tests share one: pytestmark)
 def dumps(tmp_path_factory):
   out = {}
   for name, overrides in RUNS.items():

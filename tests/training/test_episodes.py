@@ -199,7 +199,10 @@ class FlakyEnv:
     return Observation((), {"correct": 0.0}, True, out.status, out.detail)
 
 
-@pytest.fixture(scope="module")
+FLAKY = pytest.mark.xdist_group("training.test_episodes.flaky_run")
+
+
+@pytest.fixture(scope="session")  # its tests share one xdist worker (FLAKY): the run is made once
 def flaky_run(tmp_path_factory):
   """Two GSPO steps of FlakyEnv episodes (tiny model, 8 prompts x 4), step 1 dumped; every round's
   turns as the sampler returned them, per play (the evaluations play episodes too)."""
@@ -232,6 +235,7 @@ def flaky_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@FLAKY
 def test_hanging_and_crashing_tools_end_their_episodes_and_the_run_goes_on(flaky_run):
   rows = flaky_run["rows"]
   assert [r["step"] for r in rows] == [1, 2]
@@ -246,6 +250,7 @@ def test_hanging_and_crashing_tools_end_their_episodes_and_the_run_goes_on(flaky
 
 
 @pytest.mark.slow
+@FLAKY
 def test_trained_ids_are_the_sampled_ids(flaky_run):
   """Step 1's rows, as dumped from its training batch, hold on their policy tokens exactly the ids and
   log mu the sampler returned, round after round."""
@@ -264,6 +269,7 @@ def test_trained_ids_are_the_sampled_ids(flaky_run):
 
 
 @pytest.mark.slow
+@FLAKY
 def test_environment_tokens_weigh_zero(flaky_run):
   a = flaky_run["arrays"]
   env = a["context_BR"] & ~a["sampled_BR"]
@@ -286,6 +292,7 @@ def test_environment_tokens_weigh_zero(flaky_run):
 
 
 @pytest.mark.slow
+@FLAKY
 def test_the_inspector_greys_the_environment_tokens(flaky_run):
   a, info = flaky_run["arrays"], flaky_run["info"]
   data = inspect_page.page_data(a, info)

@@ -123,7 +123,7 @@ def _assert_same_run(got_dir, want_dir):
   jax.tree.map(np.testing.assert_array_equal, p_got, p_want)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module scope is set up again after another module's test
 def single_process(tmp_path_factory):
   """The reference: one process, 2 devices, the same mesh (data = 2)."""
   workdir = tmp_path_factory.mktemp("single") / "run"

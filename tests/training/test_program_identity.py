@@ -164,3 +164,33 @@ def test_reward_model_training_lowers_the_same_programs_as_the_run(tmp_path, obj
   with jax.sharding.use_abstract_mesh(m.abstract_mesh):
     got = run.eval_step.lower(state.trees(), batch, run.ref_params)
   assert fingerprint(got) == fingerprint(plan)
+
+
+def test_the_exact_recompute_lowers_the_same_program_as_the_run(tmp_path, closing):
+  """rollout.exact: the recompute runs each row alone (model/invariant.py's rowwise program); the plan
+  lowers that program, not the batched chunk."""
+  trainer, state, shapes = _run(tmp_path, "gspo", **{"rollout.exact": True})
+  closing(trainer)
+  cfg, mc, m = trainer.cfg, trainer.model_cfg, shapes.mesh
+  rows = cfg.micro_batch_size
+  plan = programs.lower_recompute(shapes, mc, programs.param_sds(mc, m), rows)
+  assert "rowwise_logprobs" in plan.as_text()[:2000]
+  args = programs.train_batch(shapes, rows)
+  args = (args.prompt_BP, args.prompt_mask_BP, args.tokens_BR, args.mask_BR, args.mask_BR, None)
+  spec = RecomputeSpec.from_run(cfg, mc, sharding=trainer.context.batch_sharding, pack=trainer.context.pack)
+  assert spec.rowwise
+  with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+    run = spec.lower_chunk(state.params, state.value_params, args, with_values=cfg.use_value)
+  assert fingerprint(run) == fingerprint(plan)
+  # The engine's log mu (sampling/exact.py): the same row-wise program on the sampler's weights.
+  from jaxrl_llm.model.invariant import rowwise_logprobs
+  from jaxrl_llm.sampling.exact import exact_static
+  from jaxrl_llm.sampling.loop import cast_params
+
+  (prog,) = [p for p in programs.run_programs(shapes) if p.name == "rollout/exact"]
+  assert prog.rows == rows and prog.calls_per_step == cfg.rollout.batch_size / rows
+  plan = programs.lower_exact(shapes, mc, programs.param_sds(mc, m), rows)
+  static = exact_static(mc, trainer.sampling_cfg, impl=cfg.kernels.impl, shards=sharding_lib.batch_shards(m))
+  with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+    run = rowwise_logprobs.lower(cast_params(state.params, trainer.sampling_cfg.dtype), *args[:5], **static)
+  assert fingerprint(run) == fingerprint(plan)
