@@ -181,8 +181,12 @@ def main(argv):
   from absl import flags, logging  # pylint: disable=import-outside-toplevel
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
-  from jaxrl_llm.model.distributed import single_process_only  # pylint: disable=import-outside-toplevel
-  single_process_only("python -m jaxrl_llm.evaluate")
+  from jaxrl_llm.model import distributed  # pylint: disable=import-outside-toplevel
+
+  # A multi-process launch joins here, before any device is touched, as `python -m jaxrl_llm.train` does:
+  # every process restores and evaluates its share of each checkpoint; process 0 writes the file.
+  distributed.initialize()
+  distributed.check_same_everywhere("code", distributed.code_fingerprint())
   f = flags.FLAGS
   if f.all_steps and f.step is not None:
     from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
@@ -203,11 +207,12 @@ def main(argv):
     suffix = f"_n{f.n_samples}" if f.n_samples else ""
     name = f"curve{suffix}.json" if steps == "all" else f"step_{next(iter(results))}{suffix}.json"
     out = os.path.join(f.workdir, "eval", name)
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out, "w") as fh:
-    json.dump({"workdir": f.workdir, "data": f.data or "held-out split",
-               "steps": {str(s): r for s, r in sorted(results.items())}}, fh, indent=2)
-  print(f"written to {out}")
+  if distributed.is_primary():
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as fh:
+      json.dump({"workdir": f.workdir, "data": f.data or "held-out split",
+                 "steps": {str(s): r for s, r in sorted(results.items())}}, fh, indent=2)
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":

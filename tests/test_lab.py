@@ -266,6 +266,18 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, flag, expected):
   assert not os.path.exists(tmp_path / "o")
 
 
+def test_a_multiprocess_launch_is_one_line_and_status_2(tmp_path):
+  """The lab's cells are processes of their own: launched with a multi-process run's variables, it says so
+  (every process would start every cell) and starts nothing."""
+  argv = [sys.executable, "-m", "jaxrl_llm.lab", "--methods=grpo", "--mismatch=none", "--steps=3",
+          f"--out={tmp_path / 'o'}"]
+  proc = subprocess.run(argv, env={**_env(), "JAX_NUM_PROCESSES": "2"}, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2
+  (line,) = proc.stderr.strip().splitlines()
+  assert line.startswith("error: python -m jaxrl_llm.lab runs as one process") and "JAX_NUM_PROCESSES=2" in line
+  assert not os.path.exists(tmp_path / "o")
+
+
 # ---- the pieces, against hand-computed values ---------------------------------------------
 def test_mismatch_tokens_map_to_the_rollout_keys():
   assert grid.parse_mismatch("none").settings == ()

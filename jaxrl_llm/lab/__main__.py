@@ -220,6 +220,13 @@ def _term_as_interrupt() -> None:
 
 def main(argv: list[str]) -> int:
   try:
+    # The lab runs its cells as processes of their own (one host's grid); launched as a multi-process
+    # run (model/distributed.py's variables) it would start every cell once per process.
+    n = os.environ.get("JAX_NUM_PROCESSES", "")
+    if n.strip() not in ("", "0", "1"):
+      raise ConfigError(f"python -m jaxrl_llm.lab runs as one process (its cells are processes of their own); "
+                        f"JAX_NUM_PROCESSES={n} asks for a multi-process run: unset it (a cell's own run may be "
+                        "multi-process: docs/scaling.md)")
     args, extra = _parser().parse_known_args(argv)
     lab = Lab(args, grid.parse_overrides(extra), argv)
     return lab.run()

@@ -273,12 +273,3 @@ def gather_objects(local: list, n_rows: int) -> list:
     out += pickle.loads(every[p, :int(size)].tobytes())
   return out
 
-
-def single_process_only(entry: str) -> None:
-  """Refuses a multi-process launch (the JAX_* variables) of an entry point whose host side is not yet
-  made for several processes (docs/scaling.md), with one line instead of a crash in its first write."""
-  cfg = config_from_env()
-  if cfg is not None and cfg.num_processes > 1:
-    raise ConfigError(f"{entry} runs as one process; {ENV_NUM_PROCESSES}={cfg.num_processes} asks for a "
-                      "multi-process run, which only `python -m jaxrl_llm.train` supports yet (docs/scaling.md): "
-                      f"unset {ENV_ADDRESS}, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID}")

@@ -31,18 +31,25 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
+  from jaxrl_llm.checkpointing.provenance import plain_config
   from jaxrl_llm.learn.shell import Stopped
-  from jaxrl_llm.model.distributed import single_process_only
+  from jaxrl_llm.model import distributed
   from jaxrl_llm.reward_model.config import reward_config_from_dict
   from jaxrl_llm.reward_model.trainer import RewardModelRun
 
-  single_process_only("python -m jaxrl_llm.reward_model")
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/reward_model.py is required")
   cfg = reward_config_from_dict(_CONFIG.value)
+  # A multi-process run (a pod slice, SLURM, JAX_COORDINATOR_ADDRESS, ...) joins here, before any device
+  # is touched, as `python -m jaxrl_llm.train` does; its processes must run the same code on the same config.
+  distributed.initialize()
+  distributed.check_same_everywhere("code", distributed.code_fingerprint())
+  distributed.check_same_everywhere("configs", json.dumps(plain_config(cfg), sort_keys=True, default=str))
   workdir = _WORKDIR.value or os.path.join(cfg.workdir_root,
                                            f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
-  run = RewardModelRun(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value)  # reads every pair: errors first
+  prefix = distributed.log_prefix()
+  run = RewardModelRun(cfg, workdir, allow_config_change=_ALLOW_CHANGE.value,  # reads every pair: errors first
+                       log=lambda s: print(prefix + s))
   print(f"{'DPO policy' if cfg.dpo_run else 'reward model'} {cfg.name} -> {workdir}")
   try:
     summary = run.run()

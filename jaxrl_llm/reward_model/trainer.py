@@ -40,6 +40,7 @@ from flax import struct
 from jaxrl_llm.checkpointing.init_params import params_from_checkpoint
 from jaxrl_llm.checkpointing.run import ExtraTree, plain
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.model import distributed
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.heads import init_reward_head
 from jaxrl_llm.model.logprobs import sequence_logprobs
@@ -330,6 +331,7 @@ class RewardModelRun:
       batch = arrays.take(np.where(idx < len(arrays), idx, 0))
       with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # the attention and vocabulary kernels
         loss, s = self.eval_step(state.trees(), self._device_batch(batch, weight), self.ref_params)
+      loss, s = sharding_lib.fetch((loss, s))  # whole in every process (a collective where rows span processes)
       loss_num, loss_den = loss_num + float(loss.numerator), loss_den + float(loss.denominator)
       stats = s if stats is None else stats + s
     return {"loss": loss_num / max(loss_den, 1.0), **self._summary(stats), "n": len(arrays)}
@@ -350,6 +352,7 @@ class RewardModelRun:
     trees = slots[MODEL].params
     state = state.replace(params=trees["params"], reward_head=trees[HEAD_KEY], opt_state=slots[MODEL].opt_state,
                           step=state.step + 1)
+    out = sharding_lib.fetch(out)  # the step's loss and stats, whole in every process
     s = self._summary(out["stats"])
     metrics = {"train/loss": float(out["loss"].value()), **{f"train/{k}": v for k, v in s.items()},
                "update/grad_norm": float(out["grad_norm"]), "update/skipped_nonfinite": float(out["skipped"]),
@@ -417,7 +420,8 @@ class RewardModelRun:
         "skipped_updates": float(sum(m["update/skipped_nonfinite"] for m in history)),
         "export_dir": export_dir, "run_time_s": time.time() - t_start,
     }
-    write_summary(self.workdir, summary)
+    if distributed.is_primary():  # the run's files are process 0's (every process holds the same values)
+      write_summary(self.workdir, summary)
     self.final_state = state
     return summary
 
@@ -426,7 +430,9 @@ class RewardModelRun:
     out = os.path.join(self.workdir, EXPORT_DIR)
     tok, hf_path = self.data.tokenizer, self.cfg.model.hf_path
     if isinstance(tok, CharTokenizer):
-      base = tok.save_pretrained(out)  # tokenizer files, and the special ids config.json keeps
+      # the tokenizer files (process 0's) and the special ids config.json keeps
+      base = (tok.save_pretrained(out) if distributed.is_primary() else
+              {"pad_token_id": tok.pad_id, "eos_token_id": tok.eos_id, "bos_token_id": tok.bos_id})
     else:
       from jaxrl_llm.model.io.hf_io import read_hf_config
 

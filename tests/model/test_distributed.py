@@ -88,15 +88,3 @@ def test_single_process_is_a_no_op(monkeypatch):
     monkeypatch.delenv(name, raising=False)
   assert initialize() is False
 
-
-def test_entry_points_not_made_for_several_processes_refuse_them(monkeypatch):
-  from jaxrl_llm.checks import ConfigError
-  from jaxrl_llm.model.distributed import single_process_only
-
-  single_process_only("python -m jaxrl_llm.evaluate")  # no JAX_* variables: one process, nothing to refuse
-  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1234")
-  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
-  monkeypatch.setenv("JAX_PROCESS_ID", "1")
-  with pytest.raises(ConfigError, match=r"python -m jaxrl_llm.reward_model runs as one process; "
-                                        r"JAX_NUM_PROCESSES=2 asks for a multi-process run"):
-    single_process_only("python -m jaxrl_llm.reward_model")

@@ -53,8 +53,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir, processes: int, devices: int, *, flags=(), faults=None, base=RUN_FLAGS) -> list[subprocess.Popen]:
-  """`python -m jaxrl_llm.train` as `processes` processes of `devices` CPU devices each, as a user
+def _launch(workdir, processes: int, devices: int, *, flags=(), faults=None, base=RUN_FLAGS,
+            module="jaxrl_llm.train") -> list[subprocess.Popen]:
+  """`python -m <module>` (the trainer) as `processes` processes of `devices` CPU devices each, as a user
   starts them (the JAX_* variables); faults: {process id: JAXRL_LLM_FAULT spec}."""
   port = _free_port()
   procs = []
@@ -65,7 +66,7 @@ def _launch(workdir, processes: int, devices: int, *, flags=(), faults=None, bas
                  JAX_PROCESS_ID=str(pid), JAXRL_LLM_HEARTBEAT_TIMEOUT_S="20")
     if faults and pid in faults:
       env["JAXRL_LLM_FAULT"] = faults[pid]
-    procs.append(subprocess.Popen([sys.executable, "-m", "jaxrl_llm.train", *base, *flags,
+    procs.append(subprocess.Popen([sys.executable, "-m", module, *base, *flags,
                                    f"--workdir={workdir}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True))
   return procs
@@ -175,6 +176,23 @@ def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_proces
   _assert_same_run(workdir, single_process)
 
 
+def test_evaluate_in_two_processes_is_the_single_process_one(tmp_path, single_process):
+  """`python -m jaxrl_llm.evaluate` of the reference run's checkpoints (greedy and sampled pass@k) as
+  2 processes x 1 device against 1 process x 2 devices: the same file, written by process 0; its greedy
+  pass@1 of the last step is the run's own eval_accuracy_end."""
+  flags = ("--all_steps", "--n_samples=2", "--k=1,2")
+  outs = {}
+  for name, (processes, devices) in {"one": (1, 2), "two": (2, 1)}.items():
+    out = tmp_path / f"{name}.json"
+    logs = _run(single_process, processes, devices, base=(*flags, f"--out={out}"), module="jaxrl_llm.evaluate")
+    outs[name] = json.loads(out.read_text())
+    assert sum("written to" in log for log in logs) == 1  # process 0 writes the file
+  assert outs["two"] == outs["one"] and list(outs["one"]["steps"]) == ["1", "2"]
+  summary = json.load(open(os.path.join(single_process, "summary.json")))
+  # (the summary holds the mean in float32)
+  assert outs["one"]["steps"]["2"]["pass@1_greedy"] == pytest.approx(summary["eval_accuracy_end"], abs=1e-7)
+
+
 # SDPO, the self-teacher: the hint warm start, the teacher's recompute and the distillation term, shrunk.
 TEACHER_FLAGS = ("--config=configs/sdpo.py", *RUN_FLAGS[1:], "--config.teacher.hint_sft_steps=20",
                  "--config.teacher.refresh_every=1")
@@ -205,6 +223,39 @@ def test_episodes_with_a_tool_in_two_processes_are_the_single_process_run(tmp_pa
   rows = _metrics(one)
   assert max(r["env/observation_tokens_mean"] for r in rows) > 0  # the calculator was called and answered
   _assert_same_run(two, one)
+
+
+# A reward model (configs/reward_model.py), shrunk: 4 steps of 16 pairs in micro-batches of 8, a held-out
+# evaluation and a checkpoint every 2 steps.
+REWARD_FLAGS = ("--config=configs/reward_model.py", "--config.train.steps=4", "--config.train.batch_size=16",
+                "--config.train.micro_batch_size=8", "--config.train.warmup_steps=1", "--config.data.n_train=200",
+                "--config.data.n_eval=24", "--config.eval.every=2", "--config.checkpoint.every_steps=2",
+                "--config.log.every=1")
+
+
+@pytest.mark.xdist_group("multiprocess_reward_model")  # no shared fixture: may run beside the module's others
+def test_a_reward_model_in_two_processes_is_the_single_process_run(tmp_path):
+  """`python -m jaxrl_llm.reward_model` as 2 processes x 1 device against 1 process x 2 devices: the same
+  metrics rows (clock fields aside), summary and final trunk, bitwise; one set of files (process 0's)."""
+  one, two = tmp_path / "one", tmp_path / "two"
+  _run(one, 1, 2, base=REWARD_FLAGS, module="jaxrl_llm.reward_model")
+  logs = _run(two, 2, 1, base=REWARD_FLAGS, module="jaxrl_llm.reward_model")
+  assert "[process 1/2]" in logs[1]
+  got, want = _metrics(two), _metrics(one)
+  assert [r["step"] for r in want] == [1, 2, 3, 4] and "eval/accuracy" in want[1] and got == want
+  s_got, s_want = (json.load(open(os.path.join(d, "summary.json"))) for d in (two, one))
+  assert s_got.keys() == s_want.keys()
+  for k in s_want:
+    if k not in ("workdir", "export_dir", "run_time_s"):
+      assert s_got[k] == s_want[k], k
+  jax.tree.map(np.testing.assert_array_equal, _final_params(two), _final_params(one))
+  # The Hugging Face export (export=True by default): the same tensors, written by process 0.
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+
+  want_t, got_t = (load_file(os.path.join(d, "hf", "model.safetensors")) for d in (one, two))
+  assert got_t.keys() == want_t.keys() and "score.weight" in want_t
+  for k in want_t:
+    np.testing.assert_array_equal(got_t[k], want_t[k], err_msg=k)
 
 
 def test_settings_a_multiprocess_run_does_not_support_are_refused(tmp_path):
