@@ -39,9 +39,9 @@ NUMERICS = ["--config.model.compute_dtype=bfloat16", "--config.rollout.sampler_d
 
 
 def mesh(fsdp: int, tensor: int = 1) -> list[str]:
-  """The mesh, and the stated defaults of the steps outside RL that the shapes above outgrow on one chip:
-  the warm start in micro-batches of one row per chip (sft.micro_batch_size = the batch shards) and the
-  evaluation in batches of 4 rows per chip (eval.batch_size)."""
+  """The mesh, and the stated defaults of the steps outside RL that the shapes above outgrow: the warm
+  start in micro-batches of one row per batch shard (sft.micro_batch_size = fsdp, data being 1) and the
+  evaluation in batches of 4 rows per batch shard (eval.batch_size)."""
   return [f"--config.mesh.fsdp={fsdp}", f"--config.mesh.tensor={tensor}", "--config.mesh.data=1",
           f"--config.sft.micro_batch_size={fsdp}", f"--config.eval.batch_size={4 * fsdp}"]
 

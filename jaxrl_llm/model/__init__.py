@@ -1,7 +1,8 @@
 """The decoder (Llama 3 / Qwen2 / Qwen3 / Gemma 3 families): config, params, the Flax NNX
 modules (transformer.py: Decoder, DecoderLayers; heads.py: ValueHead, RewardHead) with KV cache.
 Sharding, LoRA, Hugging Face and GGUF interop, tokenizers and multi-host initialisation live in
-sibling modules (sharding, lora, hf_io, gguf_*, tokenizer, distributed) and are imported from there.
+sibling modules (sharding, lora, tokenizer, distributed; the checkpoint formats in io/: hf_io, gguf_*)
+and are imported from there.
 
 The state a run holds is the modules' state as a plain dict (`nnx.to_pure_dict`), the table of
 params.py; `forward`, `logits`, ... merge it into the modules and call them (transformer.py).

@@ -1,7 +1,7 @@
 """A reward model as a Hugging Face sequence-classification folder, a process reward model as a
 token-classification one.
 
-`save_reward_hf` writes the trunk with the causal-LM export (`model.hf_io.save_hf`), then turns
+`save_reward_hf` writes the trunk with the causal-LM export (`model.io.hf_io.save_hf`), then turns
 it into `<Family>ForSequenceClassification` with num_labels = 1: the head w_D becomes
 `score.weight` [1, D], the output head `lm_head.weight` (untied models) is dropped, and
 config.json gets the architecture, `num_labels` and `pad_token_id`.

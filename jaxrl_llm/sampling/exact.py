@@ -83,9 +83,6 @@ class ExactEngine:
   def metrics(self) -> dict[str, float]:
     return self.inner.metrics()
 
-  def turn_sampler(self, player, key):
-    return self.inner.turn_sampler(player, key)
-
   def generate(self, prompts, key) -> RolloutBatch:
     batch = self.inner.generate(prompts, key)
     s = self.sampler

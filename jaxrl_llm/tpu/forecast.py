@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -140,7 +141,7 @@ def model_flops(mc, *, rows: int, seq: int, head_rows: int, train: bool, context
   return 3 * fwd if train else fwd
 
 
-def _program_model_flops(p: Program, shapes: RunShapes, mc) -> float:
+def _program_model_flops(p: Program, shapes: RunShapes | Any, mc) -> float:
   if p.flops is not None:
     return p.flops(mc)
   P_, R = shapes.prompt_len, shapes.response_len
@@ -258,9 +259,10 @@ def _in_dtype(tree, dtype):
       x.dtype, jnp.floating) else x.dtype, sharding=x.sharding), tree)
 
 
-def forecast_programs(shapes: RunShapes, programs: list[Program], chip: Chip, *, probes: bool = True,
+def forecast_programs(shapes: RunShapes | Any, programs: list[Program], chip: Chip, *, probes: bool = True,
                       log=print) -> list[ProgramReport]:
-  """Compiles each program for the mesh's devices (and its cost probes), -> one report each."""
+  """Compiles each program for the mesh's devices (and its cost probes), -> one report each. `shapes`:
+  an RL run's RunShapes or a reward-model run's RewardShapes (tpu/reward_programs.py)."""
   mc, mesh = shapes.model_cfg, shapes.mesh
   n_dev = mesh.devices.size
   links = Links.of(mesh.devices.flat, chip)
@@ -351,9 +353,9 @@ def _refused(p: Program, why: str, need: int, outside: int, chip: Chip, compile_
                        hbm_bytes_per_s=chip.hbm_bytes_per_s, error=why)
 
 
-def step_summary(reports: list[ProgramReport], shapes: RunShapes, chip: Chip) -> dict:
-  """An RL step's forecast: seconds (a roofline lower bound), sampled tokens per second per chip (an
-  upper bound), its latency floor, MFU (only when every program of the step is bound by compute:
+def step_summary(reports: list[ProgramReport], shapes: RunShapes | Any, chip: Chip) -> dict:
+  """A step's forecast (an RL step's, or a reward-model run's): seconds (a roofline lower bound), tokens
+  per second per chip (an upper bound; `shapes.step_tokens`: sampled tokens, or trained ones), its latency floor, MFU (only when every program of the step is bound by compute:
   else None), the stage that bounds it."""
   chips = shapes.mesh.devices.size / chip.devices_per_chip
   in_step = [r for r in reports if r.calls_per_step]

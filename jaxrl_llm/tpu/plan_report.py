@@ -95,8 +95,9 @@ def misfits(reports: list[ProgramReport], head: dict) -> list[str]:
     advice = ("raise mesh.fsdp (params and optimizer state split further)" if r.outside_bytes > r.memory["temp"]
               else "set sft.micro_batch_size (micro-batches of the warm start's step) or model.remat=full"
               if r.name == "sft"
-              else "lower (reward models: set) train.micro_batch_size or use model.remat=full"
-              if r.name in ("update", "update/packed", "reward/train")
+              else "lower train.micro_batch_size or use model.remat=full" if r.name == "update"
+              else "lower train.micro_batch_size, set train.pack_length or train.pack=off" if r.name == "update/packed"
+              else "set (or lower) train.micro_batch_size or use model.remat=full" if r.name == "reward/train"
               else "lower train.micro_batch_size" if r.name in ("recompute", "recompute/packed")
               else "lower train.batch_size (the held-out step's rows)" if r.name == "reward/eval"
               else "lower eval.batch_size (the evaluation decodes min(eval.batch_size, eval.n_examples) rows at once)"

@@ -12,9 +12,9 @@ tests/training/test_program_identity.py finds the same StableHLO both ways):
 | rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
 | rollout/exact | rollout.exact: log mu by the recompute's row-wise program (sampling/exact.py) | rows / micro-batch |
 | recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
-| recompute/packed | a chunk in the largest packing train.pack runs (PackPolicy.largest) | 0 (for a padded one) |
+| recompute/packed | a chunk in the bound on the packings train.pack runs (PackPolicy.largest) | 0 (for a padded one) |
 | update | training.update.Updater (learn/learner.py) | epochs x mini-batches |
-| update/packed | the update, each micro-batch in that largest packing | 0 (replaces a padded update) |
+| update/packed | the update, each micro-batch in that bound | 0 (replaces a padded update) |
 | sft | training.sft.sft_learner (learn/learner.py) | none (the warm start: sft.steps of them) |
 | eval/prefill, eval/decode | the greedy sampler of evaluation.Evaluator | none (start and end of a run) |
 
@@ -268,8 +268,8 @@ def packing_sds(shapes: RunShapes, layout: tuple[int, int] | None, rows: int, ch
 
 
 def packed_layout(shapes: RunShapes, rows: int, chunks: int = 1) -> tuple[int, int] | None:
-  """(S, buffers per chunk) of the largest packing `train.pack` runs for `chunks` chunks of `rows` rows
-  in all (PackPolicy.largest), or None where it never packs them."""
+  """(S, buffers per chunk) bounding the packings `train.pack` runs for `chunks` chunks of `rows` rows in
+  all (PackPolicy.largest: no batch is packed at more forward FLOPs), or None where it never packs them."""
   return pack_policy(shapes).largest(rows // chunks, shapes.prompt_len, shapes.response_len, chunks)
 
 
@@ -451,14 +451,14 @@ def run_programs(shapes: RunShapes) -> list[Program]:
   if rec_layout is not None:
     S, n = rec_layout
     out.append(Program("recompute/packed", "plain", lambda mc, p, _: lower_recompute(shapes, mc, p, chunk, rec_layout),
-                       1, 0.0, f"the largest packing train.pack={cfg.train.pack} runs a chunk in: {n} buffers of {S} "
+                       1, 0.0, f"the bound on the packings train.pack={cfg.train.pack} runs a chunk in: {n} buffers of {S} "
                        "slots (in place of a padded chunk)", layout=rec_layout))
   out.append(Program("update", "update", lambda mc, p, n: lower_update(shapes, mc, p, n), shapes.n_micro,
                      cfg.train.epochs * cfg.train.mini_batches, f"{shapes.n_micro} micro-batches of {chunk} rows"))
   if upd_layout is not None:
     S, n = upd_layout
     out.append(Program("update/packed", "update", lambda mc, p, k: lower_update(shapes, mc, p, k, upd_layout),
-                       shapes.n_micro, 0.0, f"the largest packing train.pack={cfg.train.pack} runs a micro-batch "
+                       shapes.n_micro, 0.0, f"the bound on the packings train.pack={cfg.train.pack} runs a micro-batch "
                        f"in: {n} buffers of {S} slots (in place of a padded update)", layout=upd_layout))
   if cfg.sft.steps:
     out.append(Program("sft", "plain", lambda mc, p, _: lower_sft(shapes, mc, p, cfg.sft.batch_size), 1, 0.0,

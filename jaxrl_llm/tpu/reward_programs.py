@@ -64,8 +64,9 @@ class RewardShapes:
 
   @property
   def param_copies(self) -> int:
-    """Copies of the trained params held beside every program: DPO's pi_ref."""
-    return int(self.cfg.dpo_run)
+    """Copies of the trained params held beside the programs: none counted. DPO's pi_ref is an argument
+    of both programs (the learner's aux, the held-out step's ref), so their own memory holds it."""
+    return 0
 
   @property
   def step_tokens(self) -> tuple[int, str]:

@@ -202,7 +202,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.eval = ml_collections.ConfigDict()
   c.eval.n_examples = 256  # held-out examples scored greedily at the start and the end
   c.eval.every = 0  # also evaluate every this many RL steps; 0: start and end only
-  c.eval.batch_size = 256  # examples greedy-decoded at once (rounded up to the mesh's batch shards): lower it where the evaluation's prefill or decode does not fit (python -m jaxrl_llm.compile says so)
+  c.eval.batch_size = 256  # examples greedy-decoded at once (rounded up to the mesh's batch shards): lower it where the evaluation's prefill or decode does not fit (python -m jaxrl_llm.compile says so); result-changing on resume (another batch shape can move the greedy answers' last bits)
 
   # ---- runs without a learning signal (training/guards.py) ---------------------------
   c.guard = section_block(GuardConfig)

@@ -99,23 +99,30 @@ class PackPolicy:
     return packing_lib.pack_rows(prompt_mask_BP, attend_BR, group=self.group, length=S, buffers=n, chunks=chunks)
 
   def largest(self, rows: int, P: int, R: int, chunks: int = 1) -> tuple[int, int] | None:
-    """(S, buffers per chunk) of the largest packing (most forward FLOPs) `plan` chooses for `chunks`
-    chunks of `rows` rows of P prompt and R response slots whose units all have one length, over every
-    length from 1 slot to a full padded unit; None where it packs none of them. What the compile
-    command plans beside the padded layout (tpu/programs.py): the programs of batches of mixed lengths
-    are of the same buffer lengths and ladder steps, and auto packs none whose forward costs more than
-    AUTO_MARGIN x the padded one's."""
+    """(S, buffers per chunk): a bound on the packings `plan` may choose for `chunks` chunks of `rows`
+    rows of P prompt and R response slots, whatever their lengths; None where it never packs. What the
+    compile command plans beside the padded layout (tpu/programs.py).
+
+    "on": the shortest buffer length at the ladder's top step. Every batch's packing costs at most that
+    many forward FLOPs (`plan` takes the cheapest length, and the shortest, one padded unit or
+    `train.pack_length`, fits any unit, so no chunk needs more buffers than the ladder's top), and a
+    batch of full rows is given it. "auto": the most expensive (length, ladder step) whose forward
+    costs less than AUTO_MARGIN x the padded one's: `plan` packs nothing costlier, though no batch may
+    be given that one."""
     if self.mode == "off" or rows % self.group:
       return None
-    units = rows // self.group
-    best = None  # (FLOPs, S, n)
-    for L in range(1, P + self.group * R + 1):  # every unit L slots long: floor(S / L) units per buffer
-      chosen = self._choose(lambda S: -(-units // (S // L)), rows, P, R, chunks)  # noqa: B023
-      if chosen is not None:
-        cost = forward_flops(self.model_cfg, chosen[1], chosen[0])
-        if best is None or cost > best[0]:
-          best = (cost,) + chosen
-    return None if best is None else best[1:]
+    shards = self.shards // np.gcd(self.shards, chunks)
+    ladder = packing_lib.buffer_ladder(rows // self.group, shards)
+    lengths = self.buffer_lengths(P, R)
+    if self.mode == "on":
+      return int(lengths[0]), int(ladder[-1])
+    limit = AUTO_MARGIN * self.padded_flops(rows, P, R)
+    fits = [(forward_flops(self.model_cfg, n, S), S, n) for S in lengths for n in ladder
+            if forward_flops(self.model_cfg, n, S) < limit]
+    if not fits:
+      return None
+    _, S, n = max(fits)
+    return int(S), int(n)
 
 
 def balanced_order(prompt_mask_BP, attend_BR, *, chunks: int, unit: int) -> np.ndarray:

@@ -200,7 +200,7 @@ def test_default_run_plan():
   by_name = {r.name: r for r in reports}
   assert list(by_name) == ["rollout/prefill", "rollout/decode", "recompute", "recompute/packed", "update",
                            "update/packed", "sft", "eval/prefill", "eval/decode"]
-  # train.pack=auto: the largest packings it runs, planned beside the padded programs (they replace them
+  # train.pack=auto: the bound on the packings it runs, planned beside the padded programs (they replace them
   # where it packs: not in the step's forecast)
   assert by_name["update/packed"].calls_per_step == 0 == by_name["recompute/packed"].calls_per_step
   assert "buffers of" in by_name["update/packed"].note and by_name["update/packed"].mosaic_kernels == 3

@@ -45,12 +45,15 @@ def test_an_episode_step_that_raises_ends_play_with_its_error(pool):
 
 
 class _SingleTurnEngine:
-  """A registered rollout engine with the four methods of a single-turn run and no turn sampler."""
+  """A registered rollout engine with the four methods of a single-turn run and no turn sampler; each
+  one made is recorded in MADE."""
 
   version = -1
+  MADE = []
 
   def __init__(self, **_):
     self.closed = False
+    _SingleTurnEngine.MADE.append(self)
 
   def sync(self, params, version):
     pass
@@ -75,9 +78,10 @@ def test_an_engine_without_a_turn_sampler_is_refused_for_episodes(tmp_path):
   from jaxrl_llm.sampling.engine import engine_names, register_engine
   from jaxrl_llm.training.config import from_config_dict
 
-  made = []
   if "single_turn_test" not in engine_names():
-    register_engine("single_turn_test", lambda **kw: made.append(_SingleTurnEngine(**kw)) or made[-1])
+    register_engine("single_turn_test", _SingleTurnEngine)
+  made = _SingleTurnEngine.MADE
+  made.clear()
   cfg = from_config_dict(shrink(load_config("examples/arithmetic_calculator"),
                                 **{"rollout.engine": "single_turn_test"}))
   tr = make_trainer(cfg, tmp_path, lambda s: None)

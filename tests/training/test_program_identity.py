@@ -99,8 +99,8 @@ def test_the_warm_start_lowers_the_same_program_as_the_run(tmp_path, closing):
 
 def test_packed_update_and_recompute_lower_the_same_programs_as_the_run(tmp_path, closing):
   """train.pack=on: the packing the trainer's policy plans for a mini-batch of equal-length rows (step.py's
-  call) against the plan's program for that layout; and the plan's own layout is the largest the
-  trainer's policy chooses (PackPolicy.largest)."""
+  call) against the plan's program for that layout; and the plan's own layout is the trainer's policy's
+  bound (PackPolicy.largest)."""
   trainer, state, shapes = _run(tmp_path, "grpo", **{"train.pack": "on"})
   closing(trainer)
   cfg, mc, m, ctx = trainer.cfg, trainer.model_cfg, shapes.mesh, trainer.context
