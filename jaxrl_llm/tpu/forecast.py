@@ -355,8 +355,9 @@ def _refused(p: Program, why: str, need: int, outside: int, chip: Chip, compile_
 
 def step_summary(reports: list[ProgramReport], shapes: RunShapes | Any, chip: Chip) -> dict:
   """A step's forecast (an RL step's, or a reward-model run's): seconds (a roofline lower bound), tokens
-  per second per chip (an upper bound; `shapes.step_tokens`: sampled tokens, or trained ones), its latency floor, MFU (only when every program of the step is bound by compute:
-  else None), the stage that bounds it."""
+  per second per chip (an upper bound; `shapes.step_tokens`: sampled tokens, or trained ones), its
+  latency floor, MFU (only when every program of the step is bound by compute: else None), the stage
+  that bounds it."""
   chips = shapes.mesh.devices.size / chip.devices_per_chip
   in_step = [r for r in reports if r.calls_per_step]
   seconds = sum(r.calls_per_step * r.seconds["forecast"] for r in in_step)

@@ -450,9 +450,10 @@ def run_programs(shapes: RunShapes) -> list[Program]:
                        f"{chunk_t} rows (the student's shapes)"))
   if rec_layout is not None:
     S, n = rec_layout
-    out.append(Program("recompute/packed", "plain", lambda mc, p, _: lower_recompute(shapes, mc, p, chunk, rec_layout),
-                       1, 0.0, f"the bound on the packings train.pack={cfg.train.pack} runs a chunk in: {n} buffers of {S} "
-                       "slots (in place of a padded chunk)", layout=rec_layout))
+    out.append(Program("recompute/packed", "plain",
+                       lambda mc, p, _: lower_recompute(shapes, mc, p, chunk, rec_layout), 1, 0.0,
+                       f"the bound on the packings train.pack={cfg.train.pack} runs a chunk in: {n} buffers of "
+                       f"{S} slots (in place of a padded chunk)", layout=rec_layout))
   out.append(Program("update", "update", lambda mc, p, n: lower_update(shapes, mc, p, n), shapes.n_micro,
                      cfg.train.epochs * cfg.train.mini_batches, f"{shapes.n_micro} micro-batches of {chunk} rows"))
   if upd_layout is not None:
