@@ -191,6 +191,12 @@ class RunConfig:
       return 1
     return G
 
+  @property
+  def always_share(self) -> bool:
+    """train.share_prompt = "on": share each group's prompt even where it costs more FLOPs. Decided here
+    once; the update, the recompute and the packing rule take it from here (their `from_run`)."""
+    return self.train.share_prompt == "on"
+
   def check_pack_length(self) -> None:
     """Raise where `train.pack_length` is shorter than one packing unit: the prompt's padded width
     (data.max_prompt_len, resolved) and prompt_group responses (training/pack.py)."""

@@ -60,7 +60,7 @@ class PackPolicy:
     """The packing rule of the run config `cfg` on a mesh of `shards` batch shards: what the trainer
     runs (Trainer.pack_policy) and the compile command plans (tpu/programs.py)."""
     return cls(model_cfg=model_cfg, mode=cfg.train.pack, length=cfg.train.pack_length, group=cfg.prompt_group,
-               always_share=cfg.train.share_prompt == "on", shards=shards)
+               always_share=cfg.always_share, shards=shards)
 
   def _choose(self, need, rows: int, P: int, R: int, chunks: int) -> tuple[int, int] | None:
     """(S, buffers per chunk) of the cheapest packing of chunks of `rows` rows, where `need(S)` is the

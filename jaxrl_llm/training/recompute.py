@@ -65,7 +65,7 @@ class RecomputeSpec:
     compile command lowers."""
     return cls(model_cfg=model_cfg, temperature=cfg.rollout.temperature, impl=cfg.kernels.impl,
                chunk=cfg.micro_batch_size, sharding=sharding, prompt_group=cfg.prompt_group,
-               always_share=cfg.train.share_prompt == "on", pack=pack, rowwise=cfg.rollout.exact)
+               always_share=cfg.always_share, pack=pack, rowwise=cfg.rollout.exact)
 
   def run_chunk(self, params, vparams, args, *, with_values: bool):
     """The jitted forward of one chunk: args = (prompt_BP, prompt_mask_BP, tokens_BR, context_BR, mask_BR,

@@ -92,7 +92,7 @@ class UpdateSpec:
                n_micro=cfg.mini_batch_size // cfg.micro_batch_size, temperature=cfg.rollout.temperature,
                impl=cfg.kernels.impl, use_value=cfg.use_value, extra_terms=tuple(extra_terms),
                prox_source=cfg.prox.source, prompt_group=cfg.prompt_group,
-               always_share=cfg.train.share_prompt == "on")
+               always_share=cfg.always_share)
 
 
 def _micro_loss(params, vparams, mb: TrainBatch, aux: dict, norms, spec: UpdateSpec):
