@@ -10,7 +10,7 @@ from flax import struct
 
 @struct.dataclass
 class TrainBatch:
-  """B scored samples; every array's leading axis is the batch (sharded over data)."""
+  """B scored samples; every array's leading axis is the batch, split over the mesh's batch axes (data x fsdp)."""
 
   prompt_BP: jax.Array  # int32 [B, P] left-padded prompt tokens
   prompt_mask_BP: jax.Array  # bool [B, P]
