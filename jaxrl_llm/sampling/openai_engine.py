@@ -396,15 +396,9 @@ class OpenAIEngine:
     self.weight_sync.close()
 
   def turn_sampler(self, player, key):
-    """Each round's turns sent to the server as token-id prompts (sampling/openai_turns.py), stopped at
-    the player's stop strings."""
-    from jaxrl_llm.sampling.openai_turns import sample_turns_openai  # pylint: disable=import-outside-toplevel
-
-    stops = player.stop_strings
-
-    def sample_round(contexts, budgets, rnd):
-      return sample_turns_openai(self, contexts, budgets, jax.random.fold_in(key, rnd), stop_strings=stops)
-    return sample_round
+    """Each round's turns as token-id requests to the server (sampling/openai_turns.py's round_sampler)."""
+    from jaxrl_llm.sampling.openai_turns import round_sampler  # pylint: disable=import-outside-toplevel
+    return round_sampler(self, key, stop_strings=player.stop_strings)
 
   def metrics(self) -> dict[str, float]:
     """Counters since the start (requests, retries, failures, restarts, syncs, failed checks, timeouts), the

@@ -85,3 +85,11 @@ def sample_turns_openai(engine, contexts: Sequence[Sequence[int]], budgets: Sequ
       out[b] = turn
   return SampledTurns(ids=tuple(out[b][0] for b in range(B)), behav_logp=tuple(out[b][1] for b in range(B)),
                       finish_B=np.array([out[b][2] for b in range(B)], np.int32))
+
+
+def round_sampler(engine, key: jax.Array, *, stop_strings: Sequence[str]):
+  """Episodes' rounds on `engine` (the OpenAIEngine's turn_sampler): (contexts, budgets, round k) ->
+  `sample_turns_openai` with fold_in(key, k), stopped at `stop_strings`."""
+  def sample_round(contexts, budgets, rnd):
+    return sample_turns_openai(engine, contexts, budgets, jax.random.fold_in(key, rnd), stop_strings=stop_strings)
+  return sample_round
