@@ -177,17 +177,17 @@ def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_proces
 
 
 def test_evaluate_in_two_processes_is_the_single_process_one(tmp_path, single_process):
-  """`python -m jaxrl_llm.evaluate` of the reference run's checkpoints (greedy and sampled pass@k) as
+  """`python -m jaxrl_llm.evaluate` of the reference run's last checkpoint (greedy and sampled pass@k) as
   2 processes x 1 device against 1 process x 2 devices: the same file, written by process 0; its greedy
-  pass@1 of the last step is the run's own eval_accuracy_end."""
-  flags = ("--all_steps", "--n_samples=2", "--k=1,2")
+  pass@1 is the run's own eval_accuracy_end."""
+  flags = ("--n_samples=2", "--k=1,2")
   outs = {}
   for name, (processes, devices) in {"one": (1, 2), "two": (2, 1)}.items():
     out = tmp_path / f"{name}.json"
     logs = _run(single_process, processes, devices, base=(*flags, f"--out={out}"), module="jaxrl_llm.evaluate")
     outs[name] = json.loads(out.read_text())
     assert sum("written to" in log for log in logs) == 1  # process 0 writes the file
-  assert outs["two"] == outs["one"] and list(outs["one"]["steps"]) == ["1", "2"]
+  assert outs["two"] == outs["one"] and list(outs["one"]["steps"]) == ["2"]
   summary = json.load(open(os.path.join(single_process, "summary.json")))
   # (the summary holds the mean in float32)
   assert outs["one"]["steps"]["2"]["pass@1_greedy"] == pytest.approx(summary["eval_accuracy_end"], abs=1e-7)
