@@ -224,19 +224,23 @@ def compiler_hbm(device) -> int | None:
   return None
 
 
-def combine(costs: dict[tuple[int, int], dict], layers: int, loop: int) -> dict:
-  """A cost at `layers` layers and `loop` loop iterations from probes at (1, 1), (2, 1) (and (1, 2),
-  (2, 2) when given): linear in each, c(L, m) = c11 + (L-1) dL + (m-1) dm + (L-1)(m-1) dLm. Exact when
-  each layer and each iteration adds the same program, as they do (each layer is one block, each
-  micro-batch one loss and gradient)."""
-  c11, c21 = costs[(1, 1)], costs[(2, 1)]
-  c12, c22 = costs.get((1, 2)), costs.get((2, 2))
+def combine(costs: dict[tuple[int, int], dict], layers: int, loop: int, loops: tuple[int, int] = (1, 2)) -> dict:
+  """A cost at `layers` layers and `loop` loop iterations from probes at 1 and 2 layers and at `loops`
+  = (m1, m2) iterations ((L, m1) alone where no (1, m2) is given): linear in each, c(L, m) = c(1, m1) +
+  (L-1) dL + (m-m1) dm + (L-1)(m-m1) dLm, dm and dLm per iteration. Exact when each layer and each
+  iteration adds the same program, as they do (each layer is one block, each micro-batch one loss and
+  gradient). m1 > 1 where fewer iterations are no valid program (a packed update's buffers must split
+  over the batch shards: Program.loop_unit)."""
+  m1, m2 = loops
+  c11, c21 = costs[(1, m1)], costs[(2, m1)]
+  c12, c22 = costs.get((1, m2)), costs.get((2, m2))
   out = {}
   for k in c11:
     d_l = c21[k] - c11[k]
     value = c11[k] + (layers - 1) * d_l
     if c12 is not None:
-      d_m = c12[k] - c11[k]
-      value += (loop - 1) * d_m + (layers - 1) * (loop - 1) * (c22[k] - c21[k] - d_m)
+      d_m = (c12[k] - c11[k]) / (m2 - m1)
+      d_lm = (c22[k] - c21[k] - (c12[k] - c11[k])) / (m2 - m1)
+      value += (loop - m1) * d_m + (layers - 1) * (loop - m1) * d_lm
     out[k] = value
   return out

@@ -313,7 +313,8 @@ def forecast_programs(shapes: RunShapes | Any, programs: list[Program], chip: Ch
         cost = _decode_cost(p, shapes, probe_prefill[p.sampling], links, state)
       else:
         costs = {}
-        loops = (1, 2) if p.kind == "update" and p.loop > 1 else (1,)
+        u = p.loop_unit
+        loops = (u, 2 * u) if p.kind == "update" and p.loop > 1 else (1,)
         for n, pmc in pcfgs.items():
           pparams = view(param_sds(pmc, mesh, unstacked=True))
           for m in loops:
@@ -321,7 +322,7 @@ def forecast_programs(shapes: RunShapes | Any, programs: list[Program], chip: Ch
             costs[(n, m)] = analysis.cost(c, links)
             if p.kind == "prefill" and m == 1:
               probe_prefill.setdefault(p.sampling, {})[n] = with_shardings(c.out_info, c.output_shardings)
-        cost = analysis.combine(costs, mc.n_layers, p.loop)
+        cost = analysis.combine(costs, mc.n_layers, p.loop, loops if len(loops) == 2 else (1, 2))
     flops = _program_model_flops(p, shapes, mc) / n_dev / chip.peak_bf16_flops
     if probes:
       # XLA may split a matmul into a loop of its own (a collective matmul over tensor), whose body it

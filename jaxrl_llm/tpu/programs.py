@@ -120,6 +120,9 @@ class Program:
   params_view: Callable[[Any], Any] | None = None  # params shapes -> the program's copy (the sampler's layout)
   layout: tuple[int, int] | None = None  # a packed program's (S, buffers per chunk): PackPolicy.largest
   flops: Callable[[Any], float] | None = None  # model config -> its model FLOPs (None: tpu/forecast.py's rule)
+  # an "update"'s valid loop counts are multiples of this (a packed update's chunks x buffers split over the
+  # batch shards): the cost probes lower it at loop_unit and 2 x loop_unit micro-batches
+  loop_unit: int = 1
 
 
 # ---------------------------------------------------------------- shapes with shardings
@@ -271,6 +274,13 @@ def packed_layout(shapes: RunShapes, rows: int, chunks: int = 1) -> tuple[int, i
   """(S, buffers per chunk) bounding the packings `train.pack` runs for `chunks` chunks of `rows` rows in
   all (PackPolicy.largest: no batch is packed at more forward FLOPs), or None where it never packs them."""
   return pack_policy(shapes).largest(rows // chunks, shapes.prompt_len, shapes.response_len, chunks)
+
+
+def packed_loop_unit(shapes: RunShapes, buffers: int) -> int:
+  """The least micro-batch count k for which k chunks of `buffers` buffers split over the batch shards
+  (every multiple of it does): what a packed update may be lowered at besides the run's own count."""
+  shards = sharding_lib.batch_shards(shapes.mesh)
+  return shards // int(np.gcd(shards, buffers))
 
 
 @_in_mesh
@@ -460,7 +470,8 @@ def run_programs(shapes: RunShapes) -> list[Program]:
     S, n = upd_layout
     out.append(Program("update/packed", "update", lambda mc, p, k: lower_update(shapes, mc, p, k, upd_layout),
                        shapes.n_micro, 0.0, f"the bound on the packings train.pack={cfg.train.pack} runs a micro-batch "
-                       f"in: {n} buffers of {S} slots (in place of a padded update)", layout=upd_layout))
+                       f"in: {n} buffers of {S} slots (in place of a padded update)", layout=upd_layout,
+                       loop_unit=packed_loop_unit(shapes, n)))
   if cfg.sft.steps:
     out.append(Program("sft", "plain", lambda mc, p, _: lower_sft(shapes, mc, p, cfg.sft.batch_size), 1, 0.0,
                        f"warm start: {cfg.sft.steps} steps of {cfg.sft.batch_size} rows"

@@ -171,6 +171,9 @@ def test_combine_is_bilinear():
   f = lambda l, m: {"flops": 5.0 + 3.0 * l + 7.0 * m + 2.0 * l * m}  # noqa: E731
   probes = {(l, m): f(l, m) for l in (1, 2) for m in (1, 2)}
   assert analysis.combine(probes, 36, 8) == f(36, 8)
+  # probes at 4 and 8 iterations (a packed update whose buffers split over the shards only from 4 on)
+  probes = {(l, m): f(l, m) for l in (1, 2) for m in (4, 8)}
+  assert analysis.combine(probes, 36, 6, (4, 8)) == f(36, 6) and analysis.combine(probes, 3, 1, (4, 8)) == f(3, 1)
 
 
 def test_mosaic_kernels_report_their_cost():

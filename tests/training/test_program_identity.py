@@ -108,8 +108,21 @@ def test_packed_update_and_recompute_lower_the_same_programs_as_the_run(tmp_path
   rows, n_micro = cfg.mini_batch_size, shapes.n_micro
   assert programs.pack_policy(shapes) == ctx.pack
   assert programs.packed_layout(shapes, rows, n_micro) == ctx.pack.largest(rows // n_micro, P_, R, n_micro)
-  names = [p.name for p in programs.run_programs(shapes)]
-  assert "update/packed" in names and ("recompute/packed" in names) == bool(shapes.recomputes)
+  progs = {p.name: p for p in programs.run_programs(shapes)}
+  assert "update/packed" in progs and ("recompute/packed" in progs) == bool(shapes.recomputes)
+  # The cost probes lower the packed update at loop_unit and twice that many micro-batches: valid layouts
+  # (k chunks x n buffers over the batch shards), as is the run's own count.
+  packed = progs["update/packed"]
+  shards = sharding_lib.batch_shards(shapes.mesh)
+  p_sds = programs.param_sds(trainer.model_cfg, shapes.mesh)
+  for k in (packed.loop_unit, 2 * packed.loop_unit, n_micro):
+    assert k * packed.layout[1] % shards == 0
+    programs.lower_update(shapes, trainer.model_cfg, p_sds, k, packed.layout)
+  # 3 buffers a chunk over 8 shards: valid from 8 micro-batches on, and 1 is no program (the plan of
+  # Qwen3-8B on v5p-8 failed so, probing 1 micro-batch of a layout made for its 8).
+  assert shards == 8 and programs.packed_loop_unit(shapes, 3) == 8 and programs.packed_loop_unit(shapes, 4) == 2
+  with pytest.raises(ValueError, match="partitioned 8 times"):
+    programs.lower_update(shapes, trainer.model_cfg, p_sds, 1, (packed.layout[0], 3))
 
   pmask, attend = np.ones((rows, P_), bool), np.arange(R)[None, :] < np.arange(rows)[:, None] % R + 1
   packing = ctx.pack.plan(pmask, attend, chunks=n_micro)
