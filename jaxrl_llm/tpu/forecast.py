@@ -58,8 +58,8 @@ from jaxrl_llm.sampling import loop as sampler_loop
 from jaxrl_llm.tpu import analysis
 from jaxrl_llm.tpu.chips import KERNEL_LAUNCH_S, PROGRAM_LAUNCH_S, Chip
 from jaxrl_llm.tpu.ici import Links
-from jaxrl_llm.tpu.programs import (Program, RunShapes, bytes_per_chip, lower_decode, lower_decode_step, opt_sds,
-                                    param_sds, resized, with_shardings)
+from jaxrl_llm.tpu.programs import (Program, RunShapes, bytes_per_chip, in_dtype, lower_decode, lower_decode_step,
+                                    opt_sds, param_sds, resized, with_shardings)
 
 
 @dataclasses.dataclass
@@ -232,7 +232,7 @@ def _decode_cost(p: Program, shapes: RunShapes, probe_prefills: dict, links: Lin
   at_lo = analysis.combine({(1, 1): probes[(1, 1)], (2, 1): probes[(2, 1)]}, mc.n_layers, 1)
   at_hi = analysis.combine({(1, 1): probes[(1, 2)], (2, 1): probes[(2, 2)]}, mc.n_layers, 1)
   weights = param_sds(mc, shapes.mesh)
-  weights = bytes_per_chip(p.params_view(weights) if p.params_view else _in_dtype(weights, scfg.dtype))
+  weights = bytes_per_chip(p.params_view(weights) if p.params_view else in_dtype(weights, scfg.dtype))
   kv_full = bytes_per_chip([full_state.cache.k_BKHS, full_state.cache.v_BKSH])  # at S slots
   total["hbm_roofline_bytes"] = 0.0
   # Where a step's bytes go, at the shortest and the full cache: the layers' (per layer, from the
@@ -250,13 +250,6 @@ def _decode_cost(p: Program, shapes: RunShapes, probe_prefills: dict, links: Lin
       total[k] += count * c[k]
     total["hbm_roofline_bytes"] += count * (weights + kv_full * length / S)
   return total
-
-
-def _in_dtype(tree, dtype):
-  if dtype is None:
-    return tree
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype) if jnp.issubdtype(
-      x.dtype, jnp.floating) else x.dtype, sharding=x.sharding), tree)
 
 
 def forecast_programs(shapes: RunShapes | Any, programs: list[Program], chip: Chip, *, probes: bool = True,

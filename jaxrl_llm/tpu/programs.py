@@ -159,6 +159,15 @@ def opt_sds(tx, params, mesh):
   return with_shardings(shapes, shardings)
 
 
+def in_dtype(tree, dtype):
+  """Shapes of `tree` with its floating leaves in `dtype` (None: as they are), as sampling.loop.cast_params
+  casts the params for the sampler."""
+  if dtype is None:
+    return tree
+  return jax.tree.map(lambda x: sds(x.shape, dtype, x.sharding) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                      tree)
+
+
 def bytes_per_chip(tree) -> int:
   """Bytes one chip holds of a tree of sharded shapes."""
   return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
@@ -211,10 +220,7 @@ def lower_decode_step(shapes: RunShapes, scfg, model_cfg, params, state):
   run_cfg = sampler_model_config(model_cfg, scfg)
   step = jax.jit(functools.partial(sampler_loop.decode_step, model_cfg=run_cfg, cfg=scfg, mesh=shapes.mesh,
                                    data_axis=sharding_lib.BATCH_AXES), donate_argnums=(1,))
-  if scfg.dtype is not None:  # as the loop holds them: cast once, before it
-    params = jax.tree.map(lambda x: sds(x.shape, scfg.dtype, x.sharding) if jnp.issubdtype(x.dtype, jnp.floating)
-                          else x, params)
-  return step.lower(params, state)
+  return step.lower(in_dtype(params, scfg.dtype), state)  # as the loop holds them: cast once, before it
 
 
 def resized(state, cache_len: int):
@@ -240,9 +246,7 @@ def lower_exact(shapes: RunShapes, model_cfg, params, rows: int):
 
   scfg, m = shapes.sampling, shapes.mesh
   P_, R = shapes.prompt_len, shapes.response_len
-  if scfg.dtype is not None:  # as exact_logprobs casts them (sampling.loop.cast_params)
-    params = jax.tree.map(lambda x: sds(x.shape, scfg.dtype, x.sharding) if jnp.issubdtype(x.dtype, jnp.floating)
-                          else x, params)
+  params = in_dtype(params, scfg.dtype)  # as exact_logprobs casts them (sampling.loop.cast_params)
   args = (row_sds(m, (rows, P_), jnp.int32), row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32),
           row_sds(m, (rows, R), jnp.bool_), row_sds(m, (rows, R), jnp.bool_))
   static = exact_static(model_cfg, scfg, impl=shapes.cfg.kernels.impl, shards=sharding_lib.batch_shards(m))
