@@ -20,6 +20,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from jaxrl_llm.checkpointing import provenance
 from jaxrl_llm.checkpointing.run import RunCheckpoints
 from jaxrl_llm.checks import ConfigError
@@ -36,7 +38,9 @@ class Stopped(Exception):
 
 
 class StopRequest:
-  """Turns SIGTERM into a request the loop reads between steps (main thread only)."""
+  """Turns SIGTERM into a request the loop reads between steps (main thread only), in a run of one process.
+
+  `poll()` is called once per step: whether to stop after it."""
 
   def __init__(self):
     self.requested, self._old = False, None
@@ -51,9 +55,39 @@ class StopRequest:
     del signum, frame
     self.requested = True
 
+  def poll(self) -> bool:
+    return self.requested
+
   def restore(self) -> None:
     if self._old is not None:
       signal.signal(signal.SIGTERM, self._old)
+
+
+class AgreedStop:
+  """The stop of a run of several processes: SIGTERM to any of them stops them all after the same step.
+
+  Each process deciding alone would stop one after step s while another runs step s + 1 into
+  collectives nobody answers. `jax.distributed.initialize` installs JAX's preemption notifier: a
+  SIGTERM to any process is posted to the coordination service, and the processes agree on the
+  first check past the fastest one's (`multihost_utils.reached_preemption_sync_point`). The checks
+  are numbered per process from 1 and every process checks once per step, so the number is the
+  same everywhere; a SIGTERM before the first check (the warm start, the start evaluation) stops
+  the run after its first step, which saves the warm-started state. A Python handler is not
+  installed: it would replace JAX's notifier."""
+
+  _checks = 0  # per process, over every loop it runs: the protocol wants increasing numbers
+
+  def install(self) -> None:
+    pass
+
+  def poll(self) -> bool:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    AgreedStop._checks += 1
+    return bool(multihost_utils.reached_preemption_sync_point(AgreedStop._checks))
+
+  def restore(self) -> None:
+    pass
 
 
 class RunShell:
@@ -105,7 +139,7 @@ class RunShell:
       writer = MetricsWriter(self.workdir, start_step=int(state.step)) if distributed.is_primary() else None
       if writer is not None:
         stack.callback(writer.close)
-      stop = StopRequest()
+      stop = AgreedStop() if jax.process_count() > 1 else StopRequest()
       stop.install()
       stack.callback(stop.restore)
       for i, _ in enumerate(range(int(state.step), total)):
@@ -120,10 +154,11 @@ class RunShell:
         after_step(state, metrics, written)
         # -- checkpoint save point: the complete state after each step.
         ckpt.on_step(state, metrics)
-        if (stop.requested or stop_after is not None and i + 1 >= stop_after) and step < total:
+        requested = stop.poll()  # every step, in every process (AgreedStop's checks are numbered)
+        if (requested or stop_after is not None and i + 1 >= stop_after) and step < total:
           if ckpt.mngr.should_save(step, final=True):
             ckpt.save(state, metrics)
-          if stop.requested:  # a graceful stop: this step is kept
+          if requested:  # a graceful stop: this step is kept
             self.log(f"SIGTERM: stopping after step {step} (saved)")
             raise Stopped(step)
           stopped = step

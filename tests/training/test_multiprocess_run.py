@@ -161,6 +161,22 @@ def test_a_killed_process_ends_the_run_and_one_process_resumes_it(tmp_path, sing
   _assert_same_run(workdir, single_process)
 
 
+def test_sigterm_to_one_process_in_the_warm_start_stops_both_after_the_same_step(tmp_path, single_process):
+  """SIGTERM to process 1 alone, in the middle of the warm start: both processes finish the warm start
+  and the first RL step, save it and exit 143 together (JAX's preemption sync point, not each
+  process's own flag); the same command resumes to the uninterrupted run."""
+  workdir = tmp_path / "run"
+  results = _finish(_launch(workdir, 2, 1, faults={1: "sft_step:30:term"}))
+  for code, log in results:
+    assert code == 128 + signal.SIGTERM, log[-3000:]
+    assert "stopped by SIGTERM after step 1" in log, log[-3000:]
+  assert sorted(d for d in os.listdir(workdir / "checkpoints") if d.isdigit()) == ["1"]
+  assert [r["step"] for r in _metrics(workdir)] == [1]
+  logs = _run(workdir, 2, 1)
+  assert "resum" in logs[0].lower(), logs[0][-3000:]
+  _assert_same_run(workdir, single_process)
+
+
 def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_process):
   """The reverse of the test above: one process (2 devices) killed in step 2's update, the same command
   as two processes of one device resumes its checkpoint and ends with the uninterrupted run."""
