@@ -11,7 +11,8 @@ process passes `point(name)` do `action`:
     raise    raise RuntimeError (a crashing reward function)
 
 Points: `sft_step`, `rollout`, `update`, `checkpoint_save`, `checkpoint_write`, `eval`, `reward`,
-`advantage`. `traced(name)` is read when a function is traced for jit (`grad_nan`, `logits_nan`):
+`advantage`, `decode_chunk` (continuous batching, after each chunk), `episode_round` (after each
+round of environment steps). `traced(name)` is read when a function is traced for jit (`grad_nan`, `logits_nan`):
 such a fault poisons every call of the compiled function. With the variable unset every call is a
 dictionary lookup.
 """

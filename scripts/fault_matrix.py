@@ -19,7 +19,14 @@ run of the same command, reruns that command as a user would, and compares:
 * NaN in a reward, in the advantages, in the logits or in the gradients: the
   update is skipped and counted, no parameter is ever non-finite;
 * a reward function that hangs, raises or returns a non-number: counted, the
-  run goes on.
+  run goes on;
+* the asynchronous state: SIGKILL in a run whose next batches are generated
+  in the background (`rollout.overlap`, staleness 2) with continuous batching
+  (killed with samples in the slots, or in an update with batches queued), and
+  in a run of multi-turn episodes with a tool (killed between two rounds, with
+  episodes and tool workers mid-way). Nothing in flight is checkpointed: the
+  resumed run regenerates it from the checkpointed policy snapshots, key and
+  pipeline position, and must end equal to its own uninterrupted reference.
 
 Each row of the JSON says what was injected, what the run did and whether
 anything was lost. `--md` writes the table docs/reliability.md shows.
@@ -47,6 +54,22 @@ FLAGS = ["--config=configs/gspo.py", *config_flags({
     **WARM_TINY_RUN, "train.steps": STEPS, "sft.steps": 40, "checkpoint.keep_last": 3, "eval.every": 3,
     "data.reward_timeout_s": 2.0})]
 TIMING = ("time/", "perf/tokens_per_s")
+# The asynchronous state's runs, each compared with its own uninterrupted reference: flags after FLAGS.
+# Synchronous saves: the kill in the slots lands after step 2's save has committed (an asynchronous one
+# may still be in flight, and the rerun would start over: safe, but not the case to show).
+ASYNC = config_flags({"rollout.overlap": True, "rollout.staleness": 2, "rollout.continuous_slots": 8,
+                      "rollout.decode_chunk": 2, "checkpoint.async_save": False})
+EPISODES = ["--config=configs/examples/arithmetic_calculator.py", *config_flags({
+    "train.steps": STEPS, "sft.steps": 80, "sft.batch_size": 32, "sft.lr": 0.02, "task.digits": 1,
+    "rollout.prompts_per_step": 8, "rollout.group_size": 2, "eval.n_examples": 16, "eval.every": 3,
+    "log.progress": False, "checkpoint.every_steps": 2, "checkpoint.keep_last": 3})]
+VARIANTS = {"async": (FLAGS, ASYNC), "episodes": (EPISODES, ())}
+VARIANT_SAYS = {"async": "overlap, staleness 2, continuous batching in 8 slots",
+                "episodes": "configs/examples/arithmetic_calculator.py: episodes with a tool"}
+# (row, variant, fault): mid-run, after step 2's or step 4's checkpoint.
+ASYNC_ROWS = (("async_kill_decode_chunk_22", "async", "decode_chunk:22:kill"),
+              ("async_kill_update_5", "async", "update:5:kill"),
+              ("episodes_kill_episode_round_9", "episodes", "episode_round:9:kill"))
 # Where SIGKILL may land: point -> how many times one run passes it.
 KILL_RANGES = {"sft_step": 40, "rollout": STEPS, "update": STEPS, "checkpoint_save": STEPS // 2, "eval": 3}
 
@@ -60,8 +83,8 @@ def _env(cache: str, fault: str = "") -> dict:
   return env
 
 
-def train(workdir: str, cache: str, fault: str = "", extra=()) -> subprocess.CompletedProcess:
-  cmd = [sys.executable, "-m", "jaxrl_llm.train", *FLAGS, *extra, f"--workdir={workdir}"]
+def train(workdir: str, cache: str, fault: str = "", extra=(), base=FLAGS) -> subprocess.CompletedProcess:
+  cmd = [sys.executable, "-m", "jaxrl_llm.train", *base, *extra, f"--workdir={workdir}"]
   return subprocess.run(cmd, cwd=REPO, env=_env(cache, fault), capture_output=True, text=True, timeout=900)
 
 
@@ -123,10 +146,10 @@ def kill_rows(rng) -> list[tuple[str, str]]:
   return list(rows.items())
 
 
-def run_kill(name, fault, ref, tmp, cache):
+def run_kill(name, fault, ref, tmp, cache, base=FLAGS, extra=()):
   wd = os.path.join(tmp, name)
-  first = train(wd, cache, fault)
-  second = train(wd, cache)
+  first = train(wd, cache, fault, extra, base)
+  second = train(wd, cache, extra=extra, base=base)
   ok, how = equal_to(ref, wd)
   resumed = "resumed from checkpoint step" in second.stdout + second.stderr
   did = (f"killed (rc {first.returncode}); rerun rc {second.returncode}, "
@@ -219,17 +242,30 @@ def main(argv=None):
   tmp = tempfile.mkdtemp(prefix="fault_matrix_")
   cache = os.path.join(tmp, "jax_cache")
   t0 = time.time()
-  ref = os.path.join(tmp, "reference")
-  proc = train(ref, cache)
-  assert proc.returncode == 0, proc.stderr[-3000:]
 
   def wanted(name):
     return not args.rows or any(name.startswith(p) for p in args.rows.split(","))
+
+  ref = os.path.join(tmp, "reference")
+  if not args.rows or any(not p.startswith(tuple(VARIANTS)) for p in args.rows.split(",")):
+    proc = train(ref, cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
   rows = []
   for name, fault in kill_rows(rng):
     if wanted(name):
       rows.append(run_kill(name, fault, ref, tmp, cache))
+  refs = {}
+  for name, variant, fault in ASYNC_ROWS:
+    if wanted(name):
+      base, extra = VARIANTS[variant]
+      if variant not in refs:  # its own uninterrupted reference
+        refs[variant] = os.path.join(tmp, f"reference_{variant}")
+        proc = train(refs[variant], cache, extra=extra, base=base)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+      row = run_kill(name, fault, refs[variant], tmp, cache, base, extra)
+      row["injected"] += f" ({VARIANT_SAYS[variant]})"
+      rows.append(row)
   if any(wanted(f"damage_{h}") for h in ("truncate", "delete", "bitflip", "manifest")):
     partial = os.path.join(tmp, "partial")  # checkpoints at steps 2 and 4 (written synchronously), killed in step 5
     train(partial, cache, "rollout:5:kill", extra=["--config.checkpoint.async_save=False"])

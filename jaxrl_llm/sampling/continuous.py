@@ -39,6 +39,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm import faults
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model import KVCache, forward, init_cache, logits, unstack_layers
 from jaxrl_llm.model.config import ModelConfig
@@ -220,6 +221,7 @@ def generate_continuous(params: dict, model_cfg: ModelConfig, prompt_tokens_BP, 
                     cfg=cfg, **on_mesh)
     state = decode_chunk(params, state, model_cfg=run_cfg, cfg=cfg, chunk=chunk, **on_mesh)
     active = np.asarray(sharding_lib.fetch(state.active_B))
+    faults.point("decode_chunk")  # the reliability matrix: a kill with samples in the slots
   return Rollout(
       tokens_BR=jnp.asarray(out["tokens"]), mask_BR=jnp.asarray(out["mask"]),
       behav_logp_BR=jnp.asarray(out["logp"]), finish_reason_B=jnp.asarray(out["finish"]),

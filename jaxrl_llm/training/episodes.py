@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm import faults
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.envs import registry as env_registry
 from jaxrl_llm.envs.base import CONTINUING, STATUSES
@@ -129,6 +130,7 @@ def play(episodes: Sequence[Episode], sample_round: RoundSampler,
       logps[i].append(np.asarray(turns.behav_logp[i], np.float32))
     views = _views(episodes, lo, hi, failed)
     _raise_first_failure(views, failed)
+    faults.point("episode_round")  # the reliability matrix: a kill with episodes (and tools) mid-way
     rnd += 1
   results = distributed.gather_objects([ep.result() for ep in episodes[lo:hi]], len(episodes))
   return [Played(results[i], sampled[i], np.concatenate(logps[i]) if logps[i] else np.zeros((0,), np.float32))
