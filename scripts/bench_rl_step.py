@@ -42,7 +42,10 @@ tokens, EOS included).
 TRL computes no pi_prox at one update per generation (its ratio uses the
 detached current log-probs, which equal them); ours recomputes log pi_prox
 with one forward (training/step.py) by default, so that stage shows in ours
-only; `--prox detach` sets ours' train.prox='detach', TRL's way.
+only; `--prox detach` sets ours' train.prox='detach', TRL's way. `--exact` adds a
+third side, ours with `rollout.exact=True` (log mu from the trainer's own
+row-wise forward, sampling/exact.py): its cost is exact over ours, same run;
+its steps record `mismatch/log_c_abs_mean`, 0.0 when it holds.
 
 Each (side, round) runs in a fresh process; rounds are interleaved and the
 side that goes first alternates, so a stretch of outside load hurts one
@@ -114,11 +117,13 @@ def _our_config(args):
   return c
 
 
-def _trainer(args, workdir):
+def _trainer(args, workdir, exact: bool = False):
   from jaxrl_llm.training.config import from_config_dict
   from jaxrl_llm.training.loop import Trainer
 
-  return Trainer(from_config_dict(_our_config(args)), workdir, log=lambda s: None)
+  c = _our_config(args)
+  c.rollout.exact = exact
+  return Trainer(from_config_dict(c), workdir, log=lambda s: None)
 
 
 # ---- the child processes -------------------------------------------------------------
@@ -140,12 +145,12 @@ def _prepare(args) -> dict:
             "aggregation": cfg.objective.aggregation, "steps": steps}
 
 
-def _run_ours(args, prep) -> dict:
+def _run_ours(args, prep, exact: bool = False) -> dict:
   import jax
 
   t0 = time.perf_counter()
   with tempfile.TemporaryDirectory() as wd:
-    tr = _trainer(args, wd)
+    tr = _trainer(args, wd, exact)
     state = tr.start_rl(tr.init_state(jax.random.key(tr.cfg.seed)))
     engine, seen = tr.context.engine, []
     generate = engine.generate
@@ -164,7 +169,8 @@ def _run_ours(args, prep) -> dict:
       steps.append({"seconds": wall, "sampled_tokens": int(m["perf/sampled_tokens"]),
                     "stages": {k: float(v) for k, v in m.items() if k.startswith("time/")},
                     "pack": {k: float(v) for k, v in m.items() if k.startswith("pack/")},
-                    "reward_mean": float(m["reward/mean"]), "loss": float(m["loss/total"])})
+                    "reward_mean": float(m["reward/mean"]), "loss": float(m["loss/total"]),
+                    "log_c_abs_mean": float(m.get("mismatch/log_c_abs_mean", float("nan")))})
     tr.runner.close()
     engine.close()
   same = seen == [s["prompt_ids"] for s in prep["steps"]]
@@ -281,7 +287,10 @@ def _worker(args) -> None:
   else:
     with open(args.prep) as f:
       prep = json.load(f)
-    result = (_run_ours if args.worker == "ours" else _run_trl)(args, prep)
+    if args.worker == "trl":
+      result = _run_trl(args, prep)
+    else:
+      result = _run_ours(args, prep, exact=args.worker == "exact")
   emit(result)
 
 
@@ -337,6 +346,7 @@ def main():
   parser.add_argument("--pack", default="auto", choices=("auto", "on", "off"),
                       help="ours' train.pack: the update's and the recompute's rows packed end to end in buffers")
   parser.add_argument("--skip", nargs="*", default=(), choices=("ours", "trl"))
+  parser.add_argument("--exact", action="store_true", help="also ours with rollout.exact=True (its cost, same run)")
   parser.add_argument("--child-timeout", type=float, default=3600.0, help="seconds one child process may take")
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--prep", default=None, help=argparse.SUPPRESS)
@@ -383,7 +393,7 @@ def main():
                                                   "method", "aggregation")})
     results["config"]["ours_micro_batch_size"] = prep["micro_batch_size"]
     results["config"]["prompt_tokens_per_step"] = [sum(map(len, s["prompt_ids"])) for s in prep["steps"]]
-    sides = [s for s in ("ours", "trl") if s not in args.skip]
+    sides = [s for s in ("ours", "trl") if s not in args.skip] + (["exact"] if args.exact else [])
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for r in range(args.rounds):
       for side in (sides if r % 2 == 0 else sides[::-1]):
@@ -399,6 +409,10 @@ def main():
     results["ours_over_trl_seconds_median"] = o["seconds_per_step_median"] / t["seconds_per_step_median"]
     results["target"] = "ours at most 0.4x TRL's seconds per step"
     results["target_met_median"] = results["ours_over_trl_seconds_median"] <= 0.4
+  if "ours" in results and "exact" in results:
+    o, e = results["ours"], results["exact"]
+    results["exact_over_ours_seconds_median"] = e["seconds_per_step_median"] / o["seconds_per_step_median"]
+    results["exact_log_c_abs_mean_max"] = max(s["log_c_abs_mean"] for r in e["runs"] for s in r["steps"])
   results["machine"]["end"] = load()
   busiest = max(r["load_before"]["loadavg"][0] for rs in runs.values() for r in rs)
   if busiest > os.cpu_count():
@@ -407,7 +421,7 @@ def main():
         "measure the other processes too (torch's thread pool suffers most); rerun on a quiet machine")
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)
-  summary = {k: v for k, v in results.items() if k not in ("ours", "trl")}
+  summary = {k: v for k, v in results.items() if k not in ("ours", "trl", "exact")}
   for side in runs:
     summary[side] = {k: v for k, v in results[side].items() if k not in ("runs", "warmup_breakdown_s")}
   print(json.dumps(summary, indent=2))
