@@ -12,7 +12,7 @@ process passes `point(name)` do `action`:
 
 Points: `sft_step`, `rollout`, `update`, `checkpoint_save`, `checkpoint_write`, `eval`, `reward`,
 `advantage`, `decode_chunk` (continuous batching, after each chunk), `episode_round` (after each
-round of environment steps). `traced(name)` is read when a function is traced for jit (`grad_nan`, `logits_nan`):
+round of environment steps of a training rollout). `traced(name)` is read when a function is traced for jit (`grad_nan`, `logits_nan`):
 such a fault poisons every call of the compiled function. With the variable unset every call is a
 dictionary lookup.
 """

@@ -412,7 +412,8 @@ def main():
   if "ours" in results and "exact" in results:
     o, e = results["ours"], results["exact"]
     results["exact_over_ours_seconds_median"] = e["seconds_per_step_median"] / o["seconds_per_step_median"]
-    results["exact_log_c_abs_mean_max"] = max(s["log_c_abs_mean"] for r in e["runs"] for s in r["steps"])
+    logc = [s["log_c_abs_mean"] for r in e["runs"] for s in r["steps"]]
+    results["exact_log_c_abs_mean_max"] = None if any(np.isnan(logc)) else max(logc)  # None: not recorded
   results["machine"]["end"] = load()
   busiest = max(r["load_before"]["loadavg"][0] for rs in runs.values() for r in rs)
   if busiest > os.cpu_count():

@@ -76,7 +76,8 @@ def pytest_configure(config):
   splits over the workers silently, and each worker builds the module fixtures again (the lab's grid
   and the multi-process reference run were set up twice in CI). pyproject.toml pins pytest 8.4; this
   refuses another major version in one line rather than letting the suite cost minutes unseen."""
-  if config.getoption("dist", "no") == "loadgroup" and int(pytest.__version__.split(".")[0]) >= 9:
+  workers = config.getoption("numprocesses", None)
+  if config.getoption("dist", "no") == "loadgroup" and workers and int(pytest.__version__.split(".")[0]) >= 9:
     raise pytest.UsageError(
         f"pytest {pytest.__version__} ignores pytest-xdist's xdist_group marks under --dist loadgroup; "
         f"install the test extra's pins: pip install -e \".[test]\" (pytest==8.4.2)")

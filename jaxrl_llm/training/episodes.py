@@ -92,7 +92,7 @@ class Played:
 
 
 def play(episodes: Sequence[Episode], sample_round: RoundSampler,
-         executor: concurrent.futures.Executor | None = None) -> list[Played]:
+         executor: concurrent.futures.Executor | None = None, fault_point: str | None = None) -> list[Played]:
   """Runs `episodes` to their ends: each round samples one turn for every live one (`sample_round`,
   budget 0 for a finished one), then steps the live ones (in parallel on `executor`: their tool calls
   overlap in the pool).
@@ -101,7 +101,8 @@ def play(episodes: Sequence[Episode], sample_round: RoundSampler,
   but steps only the episodes of its own rows (`distributed.row_share`): each environment and tool call
   runs once, in one process. After each round the owners' new contexts, budgets and ends are
   all-gathered, and at the end their results (`distributed.gather_objects`); with one process that is
-  the episodes themselves."""
+  the episodes themselves. `fault_point`: the reliability matrix's point passed after each round (the
+  training's rollouts name one, the evaluation's none, so a count of them is the training's)."""
   lo, hi = distributed.row_share(len(episodes))
   sampled = [[] for _ in episodes]
   logps = [[] for _ in episodes]
@@ -130,7 +131,8 @@ def play(episodes: Sequence[Episode], sample_round: RoundSampler,
       logps[i].append(np.asarray(turns.behav_logp[i], np.float32))
     views = _views(episodes, lo, hi, failed)
     _raise_first_failure(views, failed)
-    faults.point("episode_round")  # the reliability matrix: a kill with episodes (and tools) mid-way
+    if fault_point:
+      faults.point(fault_point)  # a kill with episodes (and tools) mid-way
     rnd += 1
   results = distributed.gather_objects([ep.result() for ep in episodes[lo:hi]], len(episodes))
   return [Played(results[i], sampled[i], np.concatenate(logps[i]) if logps[i] else np.zeros((0,), np.float32))
@@ -273,11 +275,11 @@ class EpisodePlayer:
 
     return sample_round
 
-  def play_rounds(self, sample_round: RoundSampler, examples: Sequence[Example], *, version: int = -1
-                  ) -> RolloutBatch:
+  def play_rounds(self, sample_round: RoundSampler, examples: Sequence[Example], *, version: int = -1,
+                  fault_point: str | None = None) -> RolloutBatch:
     """One episode per example, each round's turns from `sample_round` (any engine's). -> their RolloutBatch."""
     episodes = [Episode(self.make_env(), self.renderer, ex, self.limits) for ex in examples]
-    played = play(episodes, sample_round, self._executor)
+    played = play(episodes, sample_round, self._executor, fault_point)
     return episode_batch(played, examples, prompt_len=self.prompt_len, response_len=self.env_cfg.max_tokens,
                          tokenizer=self.tokenizer, version=version)
 
@@ -320,7 +322,8 @@ class EpisodeEngine:
     inner, G = self.inner, self.sampling_cfg.n_samples
     examples = [Example(prompt=p, answer=a, tag=t) for p, a, t in zip(prompts.prompts, prompts.answers, prompts.tags)
                 for _ in range(G)]
-    return self.player.play_rounds(inner.turn_sampler(self.player, key), examples, version=inner.version)
+    return self.player.play_rounds(inner.turn_sampler(self.player, key), examples, version=inner.version,
+                                   fault_point="episode_round")
 
   def close(self) -> None:
     self.inner.close()

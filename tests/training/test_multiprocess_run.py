@@ -166,7 +166,7 @@ def test_sigterm_to_one_process_in_the_warm_start_stops_both_after_the_same_step
   and the first RL step, save it and exit 143 together (JAX's preemption sync point, not each
   process's own flag); the same command resumes to the uninterrupted run."""
   workdir = tmp_path / "run"
-  results = _finish(_launch(workdir, 2, 1, faults={1: "sft_step:30:term"}))
+  results = _finish(_launch(workdir, 2, 1, faults={1: "sft_step:5:term"}))
   for code, log in results:
     assert code == 128 + signal.SIGTERM, log[-3000:]
     assert "stopped by SIGTERM after step 1" in log, log[-3000:]
