@@ -120,8 +120,11 @@ def load_run_config(workdir: str, config_override=None):
 
 
 def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path: str = "",
-                   n_samples: int = 0, ks: tuple[int, ...] = (), log=print) -> dict[int, dict]:
-  """{step: summary} for the given steps (None: the newest intact step; "all": every step)."""
+                   n_samples: int = 0, ks: tuple[int, ...] = (), split: str = "eval", on_samples=None,
+                   log=print) -> dict[int, dict]:
+  """{step: summary} for the given steps (None: the newest intact step; "all": every step), on the
+  run's `split` ("eval": held-out, "train": its training problems) or `data_path`'s rows.
+  on_samples(step, examples, correct_PN, responses_PN): the sampled answers (n_samples > 0)."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from jaxrl_llm.checkpointing import CheckpointManager  # pylint: disable=import-outside-toplevel
@@ -141,13 +144,17 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
   from jaxrl_llm.training.episodes import episode_player  # pylint: disable=import-outside-toplevel
 
   episodes = episode_player(data.cfg, data.task, data.tokenizer)  # a run with an environment: its episodes
+  if on_samples is not None and episodes is not None:
+    from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
+    raise ConfigError(f"--pairs_out: {workdir} is a run of multi-turn episodes (env.name={cfg.env.name!r}), whose "
+                      "samples are transcripts, not one response to pair; allowed: a single-turn run")
   evaluator = data.evaluator(model_cfg, runner, episodes)
   mngr = CheckpointManager(checkpoint_dir(workdir), model_config=model_cfg, read_only=True)
   if data_path:
     from jaxrl_llm.tasks.files import load_examples  # pylint: disable=import-outside-toplevel
     examples = load_examples(data_path, cfg.data.prompt_key, cfg.data.answer_key)
   else:
-    examples = data.eval_examples
+    examples = data.eval_examples if split == "eval" else data.train_examples
   todo = mngr.all_steps() if steps == "all" else [steps]
   out = {}
   for step in todo:
@@ -156,7 +163,11 @@ def evaluate_steps(workdir: str, steps=None, *, config_override=None, data_path:
       log(f"warning: the newest checkpoint (step {mngr.latest_step()}) is damaged; evaluated step {found}, "
           "the newest intact one")
     correct, reward, length, truncated = evaluator.greedy_outcomes(params, examples)
-    sampled = evaluator.sampled_correct(params, examples, n_samples) if n_samples else None
+    sampled = None
+    if n_samples:
+      sampled, texts = evaluator.sampled(params, examples, n_samples)
+      if on_samples is not None:
+        on_samples(found, examples, sampled, texts)
     out[found] = summarize(EvalOutcomes(correct, reward, length, truncated, sampled), ks)
     log(f"step {found}: " + ", ".join(f"{k} {v:.4g}" for k, v in out[found].items()))
   runner.close()
@@ -198,8 +209,25 @@ def main(argv):
       from jaxrl_llm.checks import bad  # pylint: disable=import-outside-toplevel
       raise bad("--k", ",".join(f.k), "a comma-separated list of ints >= 1 (each <= --n_samples), e.g. --k=1,4")
     ks += (int(k),)
+  if f.split not in ("eval", "train"):
+    from jaxrl_llm.checks import bad  # pylint: disable=import-outside-toplevel
+    raise bad("--split", f.split, "eval (the held-out problems) or train (the run's training problems)")
+  pairs = []
+  if f.pairs_out:
+    from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
+    if f.n_samples < 2 or steps == "all" or f.pairs_per_prompt < 1:
+      raise ConfigError(f"--pairs_out needs --n_samples >= 2 (got {f.n_samples}), one step (not --all_steps) and "
+                        f"--pairs_per_prompt >= 1 (got {f.pairs_per_prompt})")
+
+  def on_samples(step, examples, correct_PN, responses_PN):
+    from jaxrl_llm.reward_model.data import policy_pairs  # pylint: disable=import-outside-toplevel
+
+    pairs.extend(policy_pairs([ex.prompt for ex in examples], responses_PN, correct_PN,
+                              per_prompt=f.pairs_per_prompt, seed=step))
+
   results = evaluate_steps(f.workdir, steps, config_override=f.config, data_path=f.data,
-                           n_samples=f.n_samples, ks=ks)
+                           n_samples=f.n_samples, ks=ks, split=f.split,
+                           on_samples=on_samples if f.pairs_out else None)
   print(format_table(results))
   out = f.out
   if not out:
@@ -213,6 +241,11 @@ def main(argv):
       json.dump({"workdir": f.workdir, "data": f.data or "held-out split",
                  "steps": {str(s): r for s, r in sorted(results.items())}}, fh, indent=2)
     print(f"written to {out}")
+    if f.pairs_out:
+      os.makedirs(os.path.dirname(os.path.abspath(f.pairs_out)), exist_ok=True)
+      with open(f.pairs_out, "w") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in pairs)
+      print(f"{len(pairs)} preference pairs (verifier-labelled samples) written to {f.pairs_out}")
 
 
 if __name__ == "__main__":
@@ -227,6 +260,11 @@ if __name__ == "__main__":
                       "run's held-out split")
   flags.DEFINE_integer("n_samples", 0, "sampled answers per prompt for pass@k / mean@k; 0: greedy only")
   flags.DEFINE_list("k", [], "k values of pass@k (each <= n_samples)")
+  flags.DEFINE_string("split", "eval", "the run's problems to evaluate: eval (held-out) or train")
+  flags.DEFINE_string("pairs_out", "", "also write preference pairs {prompt, chosen, rejected} from the sampled "
+                      "answers, the verifier's correct one chosen over an incorrect one, as JSONL for "
+                      "python -m jaxrl_llm.reward_model --config.data.path=FILE (needs --n_samples >= 2)")
+  flags.DEFINE_integer("pairs_per_prompt", 4, "with --pairs_out: at most this many pairs per prompt")
   flags.DEFINE_string("out", "", "output JSON; default <workdir>/eval/step_<N>.json or curve.json "
                       "(step_<N>_n<n_samples>.json with --n_samples)")
   flags.mark_flag_as_required("workdir")

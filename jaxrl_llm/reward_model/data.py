@@ -165,6 +165,30 @@ def file_pairs(path: str, eval_path: str, split: str, *, seed: int, eval_fractio
   return out
 
 
+# ---- pairs from the policy's own samples ------------------------------------------------
+
+
+def policy_pairs(prompts: Sequence[str], responses_PN: Sequence[Sequence[str]], correct_PN: np.ndarray, *,
+                 per_prompt: int, seed: int) -> list[dict]:
+  """Preference rows {prompt, chosen, rejected} from a policy's samples, labelled by the verifier
+  (the stand-in for a human rater): for each prompt row (a problem drawn twice is two rows, each
+  with its own samples) with both a correct and an incorrect sample, up to `per_prompt` pairs of a correct response (chosen) against an incorrect one (rejected),
+  drawn without repeating a (chosen, rejected) text pair, seeded. A reward model trained on them
+  sees the mistakes this policy makes, not only the built-in set's. Prompts whose samples are all
+  right or all wrong give no pair. `python -m jaxrl_llm.evaluate --pairs_out` writes them."""
+  if per_prompt < 1:
+    raise ValueError(f"policy_pairs: per_prompt={per_prompt}, expected >= 1")
+  rng = np.random.default_rng(seed)
+  rows = []
+  for prompt, responses, correct in zip(prompts, responses_PN, np.asarray(correct_PN, bool)):
+    good = sorted({r for r, c in zip(responses, correct) if c})
+    bad = sorted({r for r, c in zip(responses, correct) if not c} - set(good))
+    combos = [(g, b) for g in good for b in bad]
+    for i in rng.permutation(len(combos))[:per_prompt]:
+      rows.append({"prompt": prompt, "chosen": combos[i][0], "rejected": combos[i][1]})
+  return rows
+
+
 # ---- the built-in set ------------------------------------------------------------------
 
 

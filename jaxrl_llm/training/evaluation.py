@@ -87,13 +87,20 @@ class Evaluator:
 
   def sampled_correct(self, params, examples, n_samples: int, batch_prompts: int = 64) -> np.ndarray:
     """[P, n_samples] verifier scores of sampled answers (the run's temperature, top-k, top-p)."""
+    return self.sampled(params, examples, n_samples, batch_prompts)[0]
+
+  def sampled(self, params, examples, n_samples: int, batch_prompts: int = 64
+              ) -> tuple[np.ndarray, list[tuple[str, ...]]]:
+    """([P, n_samples] verifier scores, per prompt its n_samples response texts) of sampled answers
+    (the run's temperature, top-k, top-p); the texts are what the verifier read."""
     scfg = dataclasses.replace(self.rollout.sampling(self.tokenizer), n_samples=n_samples, record_topk=0)
     key = jax.random.key(SAMPLE_KEY_SEED)
-    rows = []
+    rows, texts = [], []
     for i, (chunk, n_real) in enumerate(self._batches(examples, batch_prompts)):
       pb = encode_prompts(self.tokenizer, chunk, self.max_prompt_len, self.chat_template)
       smp = self._sample(params, pb, chunk, scfg, jax.random.fold_in(key, i))
       keep = n_real * n_samples
       _, correct_B = self._score(smp, keep)
       rows.append(correct_B.reshape(n_real, n_samples))
-    return np.concatenate(rows)
+      texts += [tuple(smp.responses[p * n_samples:(p + 1) * n_samples]) for p in range(n_real)]
+    return np.concatenate(rows), texts
