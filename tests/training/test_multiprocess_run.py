@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_grou
 # advantages and the updates move the weights), 2 RL steps, a checkpoint after each.
 RUN_FLAGS = ("--config=configs/gspo.py", "--config.sft.steps=60", "--config.sft.lr=0.005", "--config.task.digits=1",
              "--config.train.steps=2", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=4",
-             "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1")
+             "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1",
+             "--config.log.dump_steps=(2,)")
 # The wall-clock fields of a metrics row (the rest must agree).
 CLOCK = ("time/", "perf/")
 # XLA:CPU ends a collective whose threads have not all arrived within 40 s by default: on 2 loaded
@@ -122,6 +123,21 @@ def _assert_same_run(got_dir, want_dir):
     assert s_got[k] == s_want[k], k
   p_got, p_want = _final_params(got_dir), _final_params(want_dir)
   jax.tree.map(np.testing.assert_array_equal, p_got, p_want)
+  _assert_same_dump(got_dir, want_dir, step=2)
+
+
+def _assert_same_dump(got_dir, want_dir, step: int):
+  """The token-weight dump of `step` (log.dump_steps; process 0 writes it from the gathered factors):
+  every array and every field of its JSON equal, the step's clock metrics aside."""
+  from jaxrl_llm.rundir import token_dump  # pylint: disable=import-outside-toplevel
+
+  (a_got, i_got), (a_want, i_want) = (token_dump.read_dump(d, step) for d in (got_dir, want_dir))
+  assert sorted(a_got) == sorted(a_want) and any(k.startswith("factor_") for k in a_got)
+  for k in a_want:
+    np.testing.assert_array_equal(a_got[k], a_want[k], err_msg=k)
+  for info in (i_got, i_want):
+    info["metrics"] = {k: v for k, v in info["metrics"].items() if not k.startswith(CLOCK)}
+  assert i_got == i_want
 
 
 @pytest.fixture(scope="session")  # once per worker: a module scope is set up again after another module's test
@@ -228,7 +244,8 @@ def test_a_teacher_method_in_two_processes_is_the_single_process_run(tmp_path):
 EPISODE_FLAGS = ("--config=configs/examples/arithmetic_calculator.py", "--config.train.steps=2",
                  "--config.sft.steps=80", "--config.sft.batch_size=32", "--config.sft.lr=0.02",
                  "--config.task.digits=1", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=2",
-                 "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1")
+                 "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1",
+                 "--config.log.dump_steps=(2,)")
 
 
 @pytest.mark.xdist_group("multiprocess_episodes")  # no shared fixture: may run beside the module's others
