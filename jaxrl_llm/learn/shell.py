@@ -77,10 +77,8 @@ class AgreedStop:
 
   _checks = 0  # per process, over every loop it runs: the protocol wants increasing numbers
 
-  def install(self) -> None:
-    if not jax.config.jax_enable_preemption_service:
-      raise ConfigError("jax_enable_preemption_service=False: a multi-process run stops on SIGTERM through "
-                        "JAX's preemption service (learn/shell.py AgreedStop); leave it enabled")
+  def install(self) -> None:  # the preemption service is checked when the run joins (model/distributed.py)
+    pass
 
   def poll(self) -> bool:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel

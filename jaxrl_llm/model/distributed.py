@@ -131,9 +131,15 @@ def _wait_for_coordinator(cfg: DistributedConfig) -> None:
 def initialize(cfg: DistributedConfig | None = None) -> bool:
   """Join the multi-process run; returns True if jax.distributed was initialised.
 
-  Must run before the first use of any device (jax.devices(), an array...).
+  Must run before the first use of any device (jax.devices(), an array...). A run of several
+  processes stops on SIGTERM through JAX's preemption service (learn/shell.py, AgreedStop): with
+  it disabled, the run is refused here, before any work.
   """
   cfg = cfg if cfg is not None else config_from_env()
+  if (cfg is not None or any(os.environ.get(m) for m in _CLUSTER_MARKERS)) \
+      and not jax.config.jax_enable_preemption_service:
+    raise ConfigError("jax_enable_preemption_service=False: a multi-process run stops on SIGTERM through JAX's "
+                      "preemption service (all processes after the same step); leave it enabled")
   if cfg is None:
     if not any(os.environ.get(m) for m in _CLUSTER_MARKERS):
       return False  # single process
