@@ -51,7 +51,7 @@ def test_episodes_through_llama_cpp_are_token_in_token_out(tmp_path):
   rounds_per_play = []
   real_play = episodes_lib.play
 
-  def recording_play(episodes, sample_round, executor=None):
+  def recording_play(episodes, sample_round, executor=None, fault_point=None):
     rounds = []
     rounds_per_play.append(rounds)
 
@@ -59,7 +59,7 @@ def test_episodes_through_llama_cpp_are_token_in_token_out(tmp_path):
       out = sample_round(contexts, budgets, rnd)
       rounds.append((list(budgets), out))
       return out
-    return real_play(episodes, record, executor)
+    return real_play(episodes, record, executor, fault_point)
 
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(registry, "_ENVS", dict(registry._ENVS))

@@ -210,7 +210,7 @@ def flaky_run(tmp_path_factory):
   rounds_per_step = []
   real_play = episodes_lib.play
 
-  def recording_play(episodes, sample_round, executor=None):
+  def recording_play(episodes, sample_round, executor=None, fault_point=None):
     rounds = []
     rounds_per_step.append(rounds)
 
@@ -218,7 +218,7 @@ def flaky_run(tmp_path_factory):
       out = sample_round(contexts, budgets, rnd)
       rounds.append((list(budgets), out))
       return out
-    return real_play(episodes, record, executor)
+    return real_play(episodes, record, executor, fault_point)
 
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(registry, "_ENVS", dict(registry._ENVS))
