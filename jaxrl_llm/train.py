@@ -31,9 +31,6 @@ def default_workdir(root: str, method: str) -> str:
 # What a multi-process run does not support yet (docs/scaling.md, "What is verified"), refused at start
 # in every process with one line rather than run wrongly: each (field, is set, why).
 _ONE_PROCESS_ONLY = (
-    ("config.rollout.overlap", lambda c: c.rollout.overlap,
-     "a second thread generates, and its launches interleave with the update's in another order in each "
-     "process, where a multi-controller run needs every process to launch the same programs in the same order"),
     ("config.rollout.engine", lambda c: c.rollout.engine != "builtin",
      "an external engine would get every request from every process"),
 )

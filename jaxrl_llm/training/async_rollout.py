@@ -43,10 +43,25 @@ that step, after the same steps. `close()` stops the thread and joins it;
 the trainer closes before it returns or raises (a SIGTERM stop included).
 A generation in flight is finished first (a hung server: at most its
 request timeouts).
+
+Several processes (`InlineRollouts`). A multi-controller run needs every
+process to launch the same programs in the same order, which two threads do
+not: their launches interleave differently in each process. There the batch
+of step s + 1 is generated in the trainer's own thread at one fixed point of
+step s: after step s's updates are launched and before their results are read
+(`while_updating`, called by `run_updates`). Its weights, keys and prompts
+are the schedule's above, so the samples are those of the threaded queue
+and of the synchronous run. What overlaps is what JAX's asynchronous
+dispatch allows on devices both roles share: the host's side of the next
+batch (prompts, the sampler's launches) while the devices run the update;
+the devices themselves run the two in turn, as they do when one thread
+launches both. An exception is handed over at the step that needs the batch,
+as above.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -74,10 +89,8 @@ class AsyncRollouts:
   weights of step s + k's batch) and then `take(s)` -> (Generated, seconds it waited)."""
 
   def __init__(self, ctx: StepContext, state: TrainState, *, steps: int):
+    _check_lag(ctx, state)
     k = ctx.cfg.rollout.staleness
-    if k < 1 or len(state.lag_params) != k:
-      raise ValueError(f"AsyncRollouts needs rollout.staleness >= 1 and a lag buffer of that many snapshots "
-                       f"(staleness {k}, buffer {len(state.lag_params)})")
     self._ctx, self._next, self._end = ctx, int(state.step), steps
     # The weights of the batches to make, in step order: those of steps s .. s+k-1 are in the lag buffer.
     self._weights: queue.Queue = queue.Queue()
@@ -112,6 +125,9 @@ class AsyncRollouts:
     if isinstance(item, _Failed):
       raise item.error
     return item, waited
+
+  def while_updating(self) -> None:
+    """Nothing: the background thread generates on its own (`InlineRollouts` generates here)."""
 
   def close(self) -> None:
     """Stops the background thread (after the generation in flight) and waits for it."""
@@ -156,3 +172,70 @@ class AsyncRollouts:
       except queue.Full:
         pass
     return False
+
+
+class InlineRollouts:
+  """`rollout.overlap` in a run of several processes: step s + 1's batch is generated in the trainer's
+  thread while step s's updates run on the devices (module docstring, "Several processes").
+
+  The same interface and the same batches as `AsyncRollouts`, one batch ahead at most (which batch
+  is made, not how far ahead, decides the samples)."""
+
+  def __init__(self, ctx: StepContext, state: TrainState, *, steps: int):
+    _check_lag(ctx, state)
+    self._ctx, self._next, self._end = ctx, int(state.step), steps
+    self._key = state.key  # the chain rl_step walks, one split per batch made
+    self._weights = collections.deque(state.lag_params)  # those of the batches to make, in step order
+    self._made: collections.deque = collections.deque()  # (step, Generated | _Failed)
+    self._to_make = self._next  # the next step whose batch is made
+
+  def publish(self, params) -> None:
+    """theta_s at the start of step s: the weights of step s + k's batch."""
+    self._weights.append(params)
+
+  def take(self, step: int) -> tuple[Generated, float]:
+    """Step `step`'s first round of samples (made now unless `while_updating` made it during the
+    previous step's update) and the seconds making it took here."""
+    if step != self._next:
+      raise ValueError(f"InlineRollouts.take({step}): the next batch is step {self._next}'s")
+    t0 = time.perf_counter()
+    if not self._made:
+      self._make()
+    made_for, item = self._made.popleft()
+    assert made_for == step, (made_for, step)
+    self._next += 1
+    if isinstance(item, _Failed):
+      raise item.error
+    return item, time.perf_counter() - t0
+
+  def while_updating(self) -> None:
+    """Makes the next step's batch: `run_updates` calls it once its updates are launched and before
+    it reads their results, at the same point in every process."""
+    if not self._made and self._to_make < self._end:
+      self._make()
+
+  def close(self) -> None:
+    """Drops what was made ahead (a resumed run regenerates it)."""
+    self._made.clear()
+
+  @property
+  def running(self) -> bool:
+    return self._to_make < self._end
+
+  def _make(self) -> None:
+    step = self._to_make
+    self._key, k_sample = jax.random.split(self._key)  # rl_step's split of the state's key at this step
+    try:
+      item = generate_step(self._ctx, step, self._weights.popleft(), k_sample)
+    except Exception as e:  # noqa: BLE001 - handed to the step that needs this batch
+      item = _Failed(e)
+      self._end = step + 1  # nothing after a failure is made
+    self._made.append((step, item))
+    self._to_make = step + 1
+
+
+def _check_lag(ctx: StepContext, state: TrainState) -> None:
+  k = ctx.cfg.rollout.staleness
+  if k < 1 or len(state.lag_params) != k:
+    raise ValueError(f"rollout.overlap needs rollout.staleness >= 1 and a lag buffer of that many snapshots "
+                     f"(staleness {k}, buffer {len(state.lag_params)})")

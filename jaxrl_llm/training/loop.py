@@ -35,7 +35,7 @@ from jaxrl_llm.sampling.exact import ExactEngine
 from jaxrl_llm.tasks.pipeline import PromptPipeline, check_prompts
 from jaxrl_llm.tasks.rewards import RewardRunner
 from jaxrl_llm.training import inputs, provenance
-from jaxrl_llm.training.async_rollout import AsyncRollouts
+from jaxrl_llm.training.async_rollout import AsyncRollouts, InlineRollouts
 from jaxrl_llm.training.config import RunConfig
 from jaxrl_llm.learn.learner import snapshot
 from jaxrl_llm.model.build import make_model
@@ -214,9 +214,9 @@ class Trainer:
   def evaluate(self, state: TrainState) -> dict:
     return self.evaluator.greedy_accuracy(state.params, self.eval_examples)
 
-  def step(self, state: TrainState, rollouts: AsyncRollouts | None = None) -> tuple[TrainState, dict]:
+  def step(self, state: TrainState, rollouts: AsyncRollouts | InlineRollouts | None = None) -> tuple[TrainState, dict]:
     """One RL step (training/step.py) on the context `start_rl` built; with `rollouts`
-    (`rollout.overlap`, training/async_rollout.py) its samples come from the background thread.
+    (`rollout.overlap`, training/async_rollout.py) its samples were generated ahead.
 
     The mesh's shape is in context for the step (`use_abstract_mesh`: what
     functions traced in it see, without tying eager arrays to the mesh), so
@@ -317,8 +317,10 @@ class Trainer:
       bar = Progress(cfg.train.steps, cfg.log.progress, desc=cfg.run_name, initial=int(state.step))
       stack.callback(bar.close)
       if cfg.rollout.overlap and int(state.step) < cfg.train.steps:
-        # The batches of the steps ahead are generated in the background from here on (training/async_rollout.py).
-        rollouts = AsyncRollouts(self.context, state, steps=cfg.train.steps)
+        # The batches of the steps ahead are generated in the background from here on; with several
+        # processes in the trainer's thread during each step's update (training/async_rollout.py).
+        ahead = InlineRollouts if jax.process_count() > 1 else AsyncRollouts
+        rollouts = ahead(self.context, state, steps=cfg.train.steps)
         stack.callback(rollouts.close)
       state, _ = self.shell.steps(state, total=cfg.train.steps, step_fn=step_fn, evaluate=self.evaluate,
                                   eval_every=cfg.eval.every, eval_last=False, log_every=cfg.log.every,

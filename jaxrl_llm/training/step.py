@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -310,11 +311,13 @@ def update_aux(ctx: StepContext, state: TrainState) -> dict:
 
 
 def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
-                recorder: dump_lib.FactorRecorder | None = None) -> tuple[TrainState, dict]:
+                recorder: dump_lib.FactorRecorder | None = None,
+                while_updating: Callable[[], None] | None = None) -> tuple[TrainState, dict]:
   """K passes over the batch, `mini_batches` optimizer updates per pass (`ctx.updater`, training/update.py).
 
   With a `recorder` (a step of `log.dump_steps`) the updates also return the loss's per-token
-  factors, which go to it.
+  factors, which go to it. `while_updating` runs once every update is launched, before their
+  results are read (`rollout.overlap` in a multi-process run: training/async_rollout.py).
   """
   cfg = ctx.cfg
   B = batch.tokens_BR.shape[0]
@@ -347,6 +350,8 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
         recorder.add(epoch, rows, factors)
       per_update.append(m)
       faults.point("update")
+  if while_updating is not None:
+    while_updating()
   per_update = sharding_lib.fetch(per_update)
   metrics = mean_over_updates(per_update)
   metrics["update/count"] = len(per_update)
@@ -388,7 +393,8 @@ def rl_step(ctx: StepContext, state: TrainState, rollouts=None) -> tuple[TrainSt
   recorder = None
   if dump_lib.wanted(ctx.cfg, step_no):
     recorder = dump_lib.FactorRecorder(batch.tokens_BR.shape[0], ctx.cfg.train.epochs)
-  state, u_stats = run_updates(ctx, state, batch, recorder)
+  state, u_stats = run_updates(ctx, state, batch, recorder,
+                               rollouts.while_updating if rollouts is not None else None)
   if theta_s is not None:
     state = state.push_lag(theta_s)
   state = state.replace(step=state.step + 1, key=key, data_state=sb.data_state)

@@ -36,7 +36,7 @@ from jaxrl_llm.checkpointing.config import CheckpointConfig
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.sampling.engine import JaxSampler
 from jaxrl_llm.training import step as step_lib
-from jaxrl_llm.training.async_rollout import AsyncRollouts
+from jaxrl_llm.training.async_rollout import AsyncRollouts, InlineRollouts
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training import loop as loop_lib
 from jaxrl_llm.learn.shell import Stopped
@@ -143,12 +143,12 @@ def _run(cfg, workdir, timeline: _Timeline | None = None, lines: list | None = N
       timeline.add("generate", next(calls))
       return real_generate(self, prompts, key)
 
-    def run_updates(ctx, state, batch, recorder=None):
+    def run_updates(ctx, state, batch, recorder=None, while_updating=None):
       s = int(state.step)
       if s + 1 < cfg.train.steps:
         timeline.wait_for("generate", s + 1, 60.0)
       timeline.add("update_start", s)
-      out = real_updates(ctx, state, batch, recorder)
+      out = real_updates(ctx, state, batch, recorder, while_updating)
       timeline.add("update_end", s)
       return out
 
@@ -289,12 +289,12 @@ class _Prompts:
     return {"n": self.n}
 
 
-def _queue(k: int, steps: int, engine: _Engine):
+def _queue(k: int, steps: int, engine: _Engine, kind=AsyncRollouts):
   ctx = types.SimpleNamespace(cfg=types.SimpleNamespace(rollout=types.SimpleNamespace(staleness=k)), engine=engine,
                               pipeline=_Prompts(), mesh=jax.make_mesh((1,), ("data",), axis_types=(AxisType.Auto,),
                                                                 devices=jax.devices()[:1]))
   state = types.SimpleNamespace(step=0, lag_params=tuple(f"lag{i}" for i in range(k)), key=jax.random.key(7))
-  return AsyncRollouts(ctx, state, steps=steps)
+  return kind(ctx, state, steps=steps)
 
 
 def _wait(cond, timeout_s=30.0):
@@ -346,6 +346,44 @@ def test_the_queue_hands_an_error_to_the_step_that_needed_the_batch_and_closes_w
   assert _wait(lambda: blocked._ready.full())
   blocked.close()
   assert not blocked.running and not _rollout_threads()
+
+
+def test_the_inline_queue_makes_the_threaded_queue_s_batches_one_step_ahead_during_the_update():
+  """InlineRollouts (several processes): nothing is made in the background; `take` makes a batch that
+  was not made ahead, `while_updating` makes the next one; weights, keys and prompts as the thread's."""
+  k, steps, engine = 2, 5, _Engine()
+  q = _queue(k, steps, engine, kind=InlineRollouts)
+  assert engine.calls == 0
+  key = jax.random.key(7)
+  for s in range(steps):
+    q.publish(f"theta{s}")
+    gen, _ = q.take(s)
+    assert engine.calls == (1 if s == 0 else s + 1)  # step 0's batch made by take, the others ahead
+    key, k_sample = jax.random.split(key)
+    prompts, used = gen.samples
+    assert prompts == s and gen.data_state == {"n": s + 1}
+    assert np.array_equal(jax.random.key_data(used), jax.random.key_data(jax.random.fold_in(k_sample, 0)))
+    q.while_updating()  # step s's updates are launched: step s + 1's batch is made now
+    q.while_updating()  # once per step: a second call makes nothing
+    assert engine.calls == min(s + 2, steps)
+  assert engine.synced == [("lag0", 0), ("lag1", 0), ("theta0", 0), ("theta1", 1), ("theta2", 2)]  # the thread's
+  assert not q.running
+  with pytest.raises(ValueError, match=r"take\(3\): the next batch is step 5's"):
+    q.take(3)
+
+
+def test_the_inline_queue_hands_an_error_to_the_step_that_needed_the_batch():
+  engine = _Engine(fail_at=3)
+  q = _queue(1, 6, engine, kind=InlineRollouts)
+  for s in range(2):
+    q.publish(f"theta{s}")
+    q.take(s)
+    q.while_updating()  # step 2's batch fails here, during step 1's update: step 1 goes on
+  q.publish("theta2")
+  with pytest.raises(RuntimeError, match="^engine: the server does not answer$"):
+    q.take(2)
+  q.while_updating()
+  assert engine.calls == 3 and not q.running  # nothing is made after the failure
 
 
 # ---- the config key ------------------------------------------------------------------------
