@@ -28,33 +28,11 @@ def default_workdir(root: str, method: str) -> str:
   return os.path.join(root, f"{method}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
 
 
-# What a multi-process run does not support yet (docs/scaling.md, "What is verified"), refused at start
-# in every process with one line rather than run wrongly: each (field, is set, why).
-_ONE_PROCESS_ONLY = (
-    ("config.rollout.engine", lambda c: c.rollout.engine != "builtin",
-     "an external engine would get every request from every process"),
-)
-
-
-def refuse_in_a_multiprocess_run(cfg) -> None:
-  """A ConfigError naming the first setting of `cfg` that a run of several processes does not support."""
-  from jaxrl_llm.checks import ConfigError  # pylint: disable=import-outside-toplevel
-  from jaxrl_llm.training.provenance import plain_config  # pylint: disable=import-outside-toplevel
-
-  plain = plain_config(cfg)
-  for field, is_set, why in _ONE_PROCESS_ONLY:
-    if is_set(cfg):
-      section, key = field.split(".")[1:]
-      raise ConfigError(f"{field}={plain[section][key]!r} is not supported in a multi-process run yet ({why}; "
-                        "docs/scaling.md): run it as one process")
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   # Orbax logs every checkpoint step at INFO; keep the console for the progress bar.
   logging.set_verbosity(logging.WARNING)
-  import jax
 
   from jaxrl_llm.model import distributed
   from jaxrl_llm.training.config import from_config_dict
@@ -70,8 +48,6 @@ def main(argv):
   distributed.initialize()
   distributed.check_same_everywhere("code", distributed.code_fingerprint())
   distributed.check_same_everywhere("configs", json.dumps(plain_config(cfg), sort_keys=True, default=str))
-  if jax.process_count() > 1:
-    refuse_in_a_multiprocess_run(cfg)
   for ext in extensions_for(cfg):  # e.g. teacher paths, vocabulary and topk, before any model is built
     ext.preflight(cfg)
   workdir = _WORKDIR.value or default_workdir(cfg.workdir_root, cfg.run_name)

@@ -279,3 +279,29 @@ def gather_objects(local: list, n_rows: int) -> list:
     out += pickle.loads(every[p, :int(size)].tobytes())
   return out
 
+
+
+def broadcast_object(obj):
+  """Process 0's picklable `obj` in every process (a collective: every process calls it; the others'
+  `obj` is ignored). With one process, `obj` itself."""
+  if jax.process_count() == 1:
+    return obj
+  import pickle  # pylint: disable=import-outside-toplevel
+
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  blob = np.frombuffer(pickle.dumps(obj), np.uint8) if is_primary() else np.zeros(0, np.uint8)
+  size = int(np.asarray(multihost_utils.broadcast_one_to_all(np.array(blob.size, np.int64))))
+  buf = blob if is_primary() else np.zeros(size, np.uint8)
+  return pickle.loads(np.asarray(multihost_utils.broadcast_one_to_all(buf)).tobytes())
+
+
+def gather_to_host(tree):
+  """Every leaf of `tree` (global arrays, sharded over the processes or not) as a whole numpy array in
+  every process (a collective). With one process, `jax.device_get`."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  return multihost_utils.process_allgather(tree, tiled=True)

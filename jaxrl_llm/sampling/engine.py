@@ -40,6 +40,7 @@ from jaxrl_llm.sampling.continuous import generate_continuous
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.loop import cast_params
 from jaxrl_llm.sampling.mismatch import NO_MISMATCH, SamplerMismatch, mismatched_params
+from jaxrl_llm.sampling.primary_engine import PrimaryEngine
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 
 
@@ -262,7 +263,14 @@ def engine_names() -> tuple[str, ...]:
 
 
 def make_engine(name: str, **kwargs) -> RolloutEngine:
-  engine = _ENGINES[name](**kwargs)
+  """The registered engine `name`. In a run of several processes an engine other than the built-in
+  sampler (one program over the mesh) is made and driven by process 0 (sampling/primary_engine.py)."""
+  if name != "builtin" and jax.process_count() > 1:
+    return PrimaryEngine(lambda: _checked(name, _ENGINES[name](**kwargs)))
+  return _checked(name, _ENGINES[name](**kwargs))
+
+
+def _checked(name: str, engine) -> RolloutEngine:
   missing = [m for m in ("sync", "generate", "metrics", "close") if not callable(getattr(engine, m, None))]
   if missing:
     raise TypeError(f"rollout engine {name!r}: its {type(engine).__name__} has no {', '.join(missing)}; a rollout "

@@ -46,37 +46,32 @@ sampler dtype (the server's precision is the export type), raw log-probs
 next to mu's, a KV cache length, TRM's token KL (it recomputes mu from the
 trainer's copy of the sampler, which here is a llama.cpp build).
 
-Failures. Each request has a timeout; one that fails (refused, reset, timed
-out, HTTP 5xx, malformed answer) is retried `server.retries` times with
-exponential back-off. A request that still fails is resampled with a new
-seed (`server.on_failure="resample"`, up to `server.retries` rounds) or its
-sample is dropped (`"drop"`: all-masked, length 0). A server process that
-has died is restarted on its current weights (`server.on_exit="restart"`),
-waited for (`"wait"`, an external server), or is an error (`"error"`); the
-requests in flight are then sent again, so no sample is lost. HTTP 4xx is a
-configuration error, never retried. `metrics()` counts all of it.
+Failures. Each request has a timeout; one that fails (refused, reset, timed out, HTTP 5xx, malformed
+answer) is retried `server.retries` times with exponential back-off. A request that still fails is
+resampled with a new seed (`server.on_failure="resample"`, up to `server.retries` rounds) or its
+sample is dropped (`"drop"`: all-masked, length 0). A server process that has died is restarted on
+its current weights (`server.on_exit="restart"`), waited for (`"wait"`, an external server), or is
+an error (`"error"`); the requests in flight are then sent again, so no sample is lost. HTTP 4xx is
+a configuration error, never retried. `metrics()` counts all of it.
 
-Weights (`sync(params, version)`, weight_sync.py): every `server.sync_every`
-steps the policy is exported (GGUF, `server.export` type) and the server
-process restarted on it; `sync_s` / `export_s` / `reload_s` measure it. Each sample
-records the policy version it was drawn with (`RolloutBatch.version_B`).
-Every sync is then verified (`server.sync_check`, sync_check.py): the server
-must report the version pushed, score a fixed probe within the export type's
-tolerance of the trainer on the exported weights (the export's rounding
-included: `WeightSync.expected`), and, from the second sync, not closer to
-the previous sync's exported weights than to the new ones (the rule:
-sync_check.closer_to_previous), or the step fails with a one-line
-SyncCheckFailed; a sync past `server.sync_timeout_s` fails it with a
-SyncTimeout. `engine/sync_version` (the version the server reports, -1 when
-it names none), `engine/sync_probe_max_abs_dlogp`, `engine/sync_probe_dist_new`,
-`engine/sync_probe_dist_prev` (the mean |delta log p| to the new and the
-previous exported weights), `engine/sync_check_failures` and
-`engine/sync_timeouts` record it.
+Weights (`sync(params, version)`, weight_sync.py): every `server.sync_every` steps the policy is
+exported (GGUF, `server.export` type) and the server process restarted on it; `sync_s` / `export_s`
+/ `reload_s` measure it. Each sample records the policy version it was drawn with
+(`RolloutBatch.version_B`). Every sync is then verified (`server.sync_check`, sync_check.py): the
+server must report the version pushed, score a fixed probe within the export type's tolerance of the
+trainer on the exported weights (the export's rounding included: `WeightSync.expected`), and, from
+the second sync, not closer to the previous sync's exported weights than to the new ones (the rule:
+sync_check.closer_to_previous), or the step fails with a one-line SyncCheckFailed; a sync past
+`server.sync_timeout_s` fails it with a SyncTimeout. `engine/sync_version` (the version the server
+reports, -1 when it names none), `engine/sync_probe_max_abs_dlogp`, `engine/sync_probe_dist_new`,
+`engine/sync_probe_dist_prev` (the mean |delta log p| to the new and the previous exported weights),
+`engine/sync_check_failures` and `engine/sync_timeouts` record it.
 
 At start the engine checks that the server serves the expected model
 (`server.model`, /v1/models), that its vocabulary has the trainer's size
 (/v1/models meta.n_vocab) and that its tokenizer encodes a probe text to the
-trainer's ids (/tokenize): a mismatch is an error before any rollout.
+trainer's ids (/tokenize): a mismatch is an error before any rollout. In a run of several processes, process 0
+makes and drives the engine (sampling/primary_engine.py).
 """
 
 from __future__ import annotations
@@ -293,10 +288,17 @@ class OpenAIEngine:
 
   # ---- the contract ---------------------------------------------------------------
 
+  def wants_params(self, version: int) -> bool:
+    """Whether `sync(params, version)` reads `params` (then gathered to the host: primary_engine.py)."""
+    return self.weight_sync.kind != "none" and not self._synced_recently(version)
+
+  def _synced_recently(self, version: int) -> bool:
+    return self.synced_step is not None and version - self.synced_step < self.cfg.sync_every
+
   def sync(self, params, version: int) -> None:
     """Push `params` to the server when `server.sync_every` steps have passed since the last push, and
     verify that it serves them (`server.sync_check`)."""
-    if self.synced_step is not None and version - self.synced_step < self.cfg.sync_every:
+    if self._synced_recently(version):
       return
     t0 = time.perf_counter()
     exported = self.weight_sync.export(params, version)

@@ -41,7 +41,7 @@ RUN_FLAGS = ("--config=configs/gspo.py", "--config.sft.steps=60", "--config.sft.
 # step 3's during step 2's update (InlineRollouts.while_updating).
 OVERLAP = ("--config.rollout.overlap=True", "--config.rollout.staleness=1", "--config.train.steps=3")
 # The wall-clock fields of a metrics row (the rest must agree).
-CLOCK = ("time/", "perf/")
+CLOCK = ("time/", "perf/", "engine/export_s", "engine/reload_s", "engine/sync_s")
 # XLA:CPU ends a collective whose threads have not all arrived within 40 s by default: on 2 loaded
 # cores (the suite's other worker) that can be a slow thread, not a hang.
 PATIENT = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
@@ -312,15 +312,27 @@ def test_a_reward_model_in_two_processes_is_the_single_process_run(tmp_path):
     np.testing.assert_array_equal(got_t[k], want_t[k], err_msg=k)
 
 
-def test_settings_a_multiprocess_run_does_not_support_are_refused(tmp_path):
-  procs = _launch(tmp_path / "run", 2, 1, flags=("--config.rollout.engine=openai",))
-  for code, log in _finish(procs, timeout=300):
-    assert code == 2, log[-3000:]
-    errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert errors == ["error: config.rollout.engine='openai' is not supported in a multi-process run yet (an "
-                      "external engine would get every request from every process; docs/scaling.md): run it as "
-                      "one process"], log[-2000:]
-  assert not os.path.exists(tmp_path / "run")
+# The external engine (`rollout.engine=openai`) on the stand-in llama.cpp server the engine starts, a GGUF
+# export and a verified sync before every step; process 0 drives it (sampling/primary_engine.py).
+ENGINE_FLAGS = (*RUN_FLAGS[:1], "--config.sft.steps=20", *RUN_FLAGS[2:], "--config.rollout.engine=openai",
+                f"--config.rollout.server.command={sys.executable} tests/sampling/fake_openai_server.py",
+                "--config.rollout.server.sync_every=1", "--config.rollout.server.backoff_s=0.01",
+                "--config.rollout.server.concurrency=4")
+
+
+@pytest.mark.xdist_group("multiprocess_engine")  # no shared fixture: may run beside the module's others
+def test_an_external_engine_in_two_processes_is_the_single_process_run(tmp_path):
+  """Process 0 starts the server, exports the gathered weights to it (GGUF) and verifies them, sends every
+  request and broadcasts the samples: the same run as one process, bitwise (the engine's clocks aside)."""
+  one, two = tmp_path / "one", tmp_path / "two"
+  _run(one, 1, 2, base=ENGINE_FLAGS)
+  logs = _run(two, 2, 1, base=ENGINE_FLAGS)
+  assert "[process 1/2]" in logs[1]
+  rows = _metrics(one)
+  # two exports, each verified: the server's probe scored as the trainer scores the exported weights
+  assert [r["engine/syncs"] for r in rows] == [1.0, 2.0] and rows[-1]["engine/sync_check_failures"] == 0
+  assert rows[-1]["engine/requests"] == 64 and rows[-1]["engine/sync_probe_max_abs_dlogp"] < 1e-3
+  _assert_same_run(two, one)
 
 
 def test_processes_with_different_configs_are_refused(tmp_path):
