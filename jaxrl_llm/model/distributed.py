@@ -281,27 +281,35 @@ def gather_objects(local: list, n_rows: int) -> list:
 
 
 
-def broadcast_object(obj):
-  """Process 0's picklable `obj` in every process (a collective: every process calls it; the others'
-  `obj` is ignored). With one process, `obj` itself."""
+def broadcast_bytes(blob: bytes) -> bytes:
+  """Process 0's `blob` in every process (a collective: every process calls it; the others' `blob` is
+  ignored). The buffer is padded to a power of two (at least 1 KiB), so a run compiles a handful of
+  broadcast programs, not one per size; at most 2 GiB. With one process, `blob` itself."""
   if jax.process_count() == 1:
-    return obj
-  import pickle  # pylint: disable=import-outside-toplevel
-
+    return blob
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
 
-  blob = np.frombuffer(pickle.dumps(obj), np.uint8) if is_primary() else np.zeros(0, np.uint8)
-  size = int(np.asarray(multihost_utils.broadcast_one_to_all(np.array(blob.size, np.int64))))
-  buf = blob if is_primary() else np.zeros(size, np.uint8)
-  return pickle.loads(np.asarray(multihost_utils.broadcast_one_to_all(buf)).tobytes())
+  size = int(np.asarray(multihost_utils.broadcast_one_to_all(np.array(len(blob) if is_primary() else 0,
+                                                                       np.int32))))
+  buf = np.zeros(max(1024, 1 << (size - 1).bit_length()), np.uint8)
+  if is_primary():
+    buf[:size] = np.frombuffer(blob, np.uint8)
+  return np.asarray(multihost_utils.broadcast_one_to_all(buf))[:size].tobytes()
 
 
 def gather_to_host(tree):
-  """Every leaf of `tree` (global arrays, sharded over the processes or not) as a whole numpy array in
-  every process (a collective). With one process, `jax.device_get`."""
+  """Every leaf of `tree` as a whole numpy array in every process (a collective): a global array
+  spread over the processes is all-gathered, a leaf this process holds whole is read as it is. With
+  one process, `jax.device_get`."""
   if jax.process_count() == 1:
     return jax.device_get(tree)
+  import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
 
-  return multihost_utils.process_allgather(tree, tiled=True)
+  def one(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+  return jax.tree.map(one, tree)

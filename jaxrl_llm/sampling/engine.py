@@ -250,12 +250,18 @@ class JaxSampler:
 # factory(model_cfg=, sampling_cfg=, tokenizer=, batch_sharding=, run_cfg=) -> RolloutEngine
 EngineFactory = Callable[..., RolloutEngine]
 _ENGINES: dict[str, EngineFactory] = {}
+_ON_MESH: set[str] = set()  # engines whose programs run on the run's mesh: every process drives them
 
 
-def register_engine(name: str, factory: EngineFactory) -> None:
+def register_engine(name: str, factory: EngineFactory, *, on_mesh: bool = False) -> None:
+  """`on_mesh`: the engine runs JAX programs over the mesh (`batch_sharding`), so every process makes
+  and drives its own, as the built-in sampler; otherwise (a server's client) process 0 alone drives
+  it in a run of several processes (sampling/primary_engine.py)."""
   if name in _ENGINES:
     raise ValueError(f"rollout engine {name!r} is registered already")
   _ENGINES[name] = factory
+  if on_mesh:
+    _ON_MESH.add(name)
 
 
 def engine_names() -> tuple[str, ...]:
@@ -263,9 +269,9 @@ def engine_names() -> tuple[str, ...]:
 
 
 def make_engine(name: str, **kwargs) -> RolloutEngine:
-  """The registered engine `name`. In a run of several processes an engine other than the built-in
-  sampler (one program over the mesh) is made and driven by process 0 (sampling/primary_engine.py)."""
-  if name != "builtin" and jax.process_count() > 1:
+  """The registered engine `name`. In a run of several processes an engine not registered `on_mesh` is
+  made and driven by process 0 (sampling/primary_engine.py)."""
+  if name not in _ON_MESH and jax.process_count() > 1:
     return PrimaryEngine(lambda: _checked(name, _ENGINES[name](**kwargs)))
   return _checked(name, _ENGINES[name](**kwargs))
 
@@ -288,4 +294,4 @@ def _builtin(*, model_cfg, sampling_cfg, tokenizer, batch_sharding=None, run_cfg
                     batch_sharding=batch_sharding, mismatch=mismatch, sharding=sharding)
 
 
-register_engine("builtin", _builtin)
+register_engine("builtin", _builtin, on_mesh=True)

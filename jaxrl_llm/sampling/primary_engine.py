@@ -4,7 +4,7 @@ The built-in sampler is one program over the mesh, which every process launches.
 (`rollout.engine=openai`: a completions server) is a client of a server, and the server holds the
 rows, so one process drives it: process 0 makes the engine (and starts the server where the engine
 starts one), exports and verifies the weights, sends every request, and broadcasts what came back
-(`distributed.broadcast_object`). The others wait in that broadcast. Why one process and not each for
+(`on_primary`, `distributed.broadcast_bytes`). The others wait in that broadcast. Why one process and not each for
 its own rows:
 
 - the weights: an export (GGUF, Hugging Face) writes the whole model from one place, so the params are
@@ -24,36 +24,51 @@ in the same order, as the trainer does.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
 from jaxrl_llm.model import distributed
 
 
 class _Raised:
-  """An exception of process 0, in place of the result it broadcasts."""
+  """An exception of process 0, sent in place of the result: the exception itself where it pickles,
+  else its text."""
 
   def __init__(self, error: BaseException):
     try:
-      import pickle  # pylint: disable=import-outside-toplevel
       pickle.loads(pickle.dumps(error))
       self.error = error
     except Exception:  # noqa: BLE001 - an exception that does not pickle goes as its text
       self.error = RuntimeError(f"{type(error).__name__}: {error}")
+    if not isinstance(self.error, Exception):  # KeyboardInterrupt, SystemExit: the others stop too
+      self.error = RuntimeError(f"process 0 stopped: {type(error).__name__}: {error}")
 
 
 def on_primary(fn: Callable[[], Any]) -> Any:
-  """fn() run by process 0 and its result (or exception) in every process (a collective)."""
-  out = None
+  """fn() run by process 0 and its result in every process (a collective). Whatever fails in process 0,
+  fn or pickling its result, is sent in place of the result and raised in every process (process 0
+  raises the original), so no process is left waiting in the broadcast."""
+  if jax.process_count() == 1:
+    return fn()
+  out, error, blob = None, None, b""
   if distributed.is_primary():
     try:
       out = fn()
-    except Exception as e:  # noqa: BLE001 - raised below, in every process
-      out = _Raised(e)
-  out = distributed.broadcast_object(out)
+      blob = pickle.dumps(out)
+    except BaseException as e:  # pylint: disable=broad-except  # raised below, in every process
+      error = e
+      blob = pickle.dumps(_Raised(e))
+  blob = distributed.broadcast_bytes(blob)
+  if distributed.is_primary():
+    if error is not None:
+      raise error
+    return out
+  out = pickle.loads(blob)
   if isinstance(out, _Raised):
     raise out.error
   return out
@@ -116,8 +131,14 @@ class PrimaryEngine:
     return broadcast_round
 
   def close(self) -> None:
+    """Process 0 closes the engine (stops the server it started). Not a collective: the run may be
+    ending on an error that not every process saw; a failure to close is logged, not raised, so that
+    process 0 does not leave the others waiting in the run's last collectives."""
     if self._engine is not None:
-      self._engine.close()
+      try:
+        self._engine.close()
+      except Exception as e:  # noqa: BLE001 - see the docstring
+        logging.warning("rollout engine: closing it failed: %s: %s", type(e).__name__, e)
 
 
 def _local_key(key):
@@ -125,5 +146,7 @@ def _local_key(key):
   process 0's draws from it a computation the others must join."""
   data = jax.random.key_data(key)
   if not data.is_fully_addressable:
-    data = data.addressable_data(0)  # replicated: every process holds the whole key
+    if not data.is_fully_replicated:
+      raise ValueError(f"PrimaryEngine: a key sharded over the mesh ({data.sharding}); a step's key is replicated")
+    data = data.addressable_data(0)  # every process holds the whole key
   return jax.random.wrap_key_data(np.asarray(data), impl=jax.random.key_impl(key))

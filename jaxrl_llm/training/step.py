@@ -350,8 +350,11 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
         recorder.add(epoch, rows, factors)
       per_update.append(m)
       faults.point("update")
+  ahead_s = 0.0
   if while_updating is not None:
+    t1 = time.time()
     while_updating()
+    ahead_s = time.time() - t1
   per_update = sharding_lib.fetch(per_update)
   metrics = mean_over_updates(per_update)
   metrics["update/count"] = len(per_update)
@@ -360,7 +363,9 @@ def run_updates(ctx: StepContext, state: TrainState, batch: TrainBatch,
     metrics["pack/update_frac"] = len(packed) / len(fills)
     metrics["pack/fill"] = float(np.mean(packed)) if packed else 0.0
   metrics["update/skipped_nonfinite"] = float(sum(float(m["update/skipped_nonfinite"]) for m in per_update))
-  metrics["time/update_s"] = time.time() - t0
+  metrics["time/update_s"] = time.time() - t0 - ahead_s
+  if while_updating is not None:  # the next step's batch, made here (InlineRollouts) or not (the thread's)
+    metrics["time/rollout_ahead_s"] = ahead_s
   return state.with_update(ustate), metrics
 
 

@@ -30,6 +30,8 @@ class StandIn:
     self.calls.append("generate")
     if prompts == "fail":
       raise ValueError("the server said no")
+    if prompts == "unpicklable":
+      return {"ids": lambda: 0}
     return {"ids": [p + 1 for p in prompts], "draw": np.asarray(jax.random.randint(key, (3,), 0, 1000))}
 
   def metrics(self):
@@ -75,6 +77,11 @@ def main():
     result["error"] = None
   except ValueError as e:
     result["error"] = str(e)
+  try:  # a result that cannot be sent: an error in every process, not a hang
+    eng.generate("unpicklable", key)
+    result["unsent"] = None
+  except Exception as e:  # pylint: disable=broad-except
+    result["unsent"] = type(e).__name__
   eng.close()
   if made:
     result["calls"], result["synced"] = made[0].calls, made[0].synced

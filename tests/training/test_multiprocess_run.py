@@ -152,6 +152,28 @@ def single_process(tmp_path_factory):
   return workdir
 
 
+# `rollout.overlap` at staleness 1 with the built-in sampler, 3 steps: resumed after step 1 in two
+# processes, step 2's batch is made when step 2 asks for it and step 3's during step 2's update
+# (InlineRollouts.while_updating); the one-process reference makes them in its background thread.
+OVERLAP = ("--config.rollout.overlap=True", "--config.rollout.staleness=1", "--config.train.steps=3")
+
+
+@pytest.fixture(scope="session")
+def single_process_overlap(tmp_path_factory):
+  """The reference of the overlapped runs: one process, 2 devices, `rollout.overlap` (its thread)."""
+  workdir = tmp_path_factory.mktemp("single_overlap") / "run"
+  _run(workdir, 1, 2, flags=OVERLAP)
+  rows = _metrics(workdir)
+  assert [r["rollout/version_lag_mean"] for r in rows] == [0, 1, 1]  # step s sampled theta_{max(s-1, 0)}
+  return workdir
+
+
+def _made_ahead(workdir) -> list[float]:
+  """Per metrics row: the seconds its update spent making the next step's batch (time/rollout_ahead_s)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line).get("time/rollout_ahead_s", 0.0) for line in f if line.strip()]
+
+
 def test_two_processes_run_the_single_process_run(tmp_path, single_process):
   workdir = tmp_path / "run"
   logs = _run(workdir, 2, 1)
@@ -194,19 +216,23 @@ def test_sigterm_to_one_process_in_the_warm_start_stops_both_after_the_same_step
   _assert_same_run(workdir, single_process)
 
 
-def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_process):
-  """The reverse of the test above: one process (2 devices) killed in step 2's update, the same command
-  as two processes of one device resumes its checkpoint and ends with the uninterrupted run."""
+def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_process_overlap):
+  """The reverse of the test above, with `rollout.overlap`: one process (2 devices, its background
+  thread) killed in step 2's update; the same command as two processes of one device resumes its
+  checkpoint, makes step 2's batch again and step 3's during step 2's update (in the trainer's
+  thread), and ends with the uninterrupted run."""
   workdir = tmp_path / "run"
   # Synchronous saves: a lone process killed right after step 1's save started could lose it (the
   # write in flight), and the rerun would start over instead of resuming.
-  sync = ("--config.checkpoint.async_save=False",)
+  sync = ("--config.checkpoint.async_save=False", *OVERLAP)
   ((code, _),) = _finish(_launch(workdir, 1, 2, flags=sync, faults={0: "update:2:kill"}))
   assert code == -signal.SIGKILL
   assert [d for d in os.listdir(workdir / "checkpoints") if d.isdigit()] == ["1"]  # step 1 saved, step 2 not
   logs = _run(workdir, 2, 1, flags=sync)
   assert "resum" in logs[0].lower(), logs[0][-3000:]
-  _assert_same_run(workdir, single_process)
+  _assert_same_run(workdir, single_process_overlap)
+  ahead = _made_ahead(workdir)  # rows 2 and 3 are the two processes': step 3's batch made in step 2's update
+  assert ahead[1] > 0.05 and ahead[2] < ahead[1], ahead
 
 
 def test_evaluate_in_two_processes_is_the_single_process_one(tmp_path, single_process):
@@ -317,8 +343,10 @@ def test_an_external_engine_and_overlap_in_two_processes_are_the_single_process_
   # two exports (versions 0 and 1: step 2 samples theta_0 again), each verified: the server's probe
   # scored as the trainer scores the exported weights
   assert [r["engine/syncs"] for r in rows] == [1.0, 1.0, 2.0] and rows[-1]["engine/sync_check_failures"] == 0
-  assert rows[-1]["engine/requests"] == 96 and rows[-1]["engine/sync_probe_max_abs_dlogp"] < 1e-3
+  assert rows[-1]["engine/requests"] == 96 and rows[-1]["engine/sync_probe_max_abs_dlogp"] < 1e-5
   _assert_same_run(two, one)
+  ahead = _made_ahead(two)  # steps 2 and 3's batches made during steps 1 and 2's updates
+  assert min(ahead[:2]) > 0.01 and ahead[2] < min(ahead[:2]), ahead
 
 
 def test_processes_with_different_configs_are_refused(tmp_path):
