@@ -3,21 +3,23 @@ on-policy (issue 43, item 2).
 
 The built-in sampler draws each token from a KV-cache decode step: a [B, 1] query over the cache,
 matmuls of other shapes and attention sums over other lengths than the trainer's full-sequence
-forward, so the log-prob it records differs from the trainer's log pi_prox of the same token in
-the last bits (the default run: mismatch/log_c_abs_mean about 2e-7 in f32). With `rollout.exact`
-the engine still samples the tokens with the KV cache (their distribution is unchanged), then
-records log mu of the finished rows with `model/invariant.rowwise_logprobs`, the batch-invariant
-program the trainer's recompute runs under the same setting (training/recompute.py,
-RecomputeSpec.rowwise): same rows, params, dtype, temperature and vocabulary kernels, each row
-alone, so neither the chunk, the rows' order, the continuous slots that sampled them nor an
-episode's turns change a bit. On-policy (staleness 0, no dtype or weight mismatch) log c =
-log pi_prox - log mu is then exactly 0.
+forward, so the log-prob it records differs from the trainer's log pi_prox of the same token in the
+last bits (the default run: mismatch/log_c_abs_mean about 2e-7 in f32). With `rollout.exact` the
+engine still samples the tokens with the KV cache, verifies single-turn rows against the
+full-sequence program's draws with the same uniforms (a differing row is decoded again from its
+first differing token: sampling/verify.py), then records log mu of the finished rows with
+`model/invariant.rowwise_logprobs`, the batch-invariant program the trainer's recompute runs under
+the same setting (training/recompute.py, RecomputeSpec.rowwise): same rows, params, dtype,
+temperature and vocabulary kernels, each row alone, so neither the chunk, the rows' order, the
+continuous slots that sampled them nor an episode's turns change a bit. On-policy (staleness 0, no
+dtype or weight mismatch) log c = log pi_prox - log mu is then exactly 0.
 
-What log mu means there: the full-sequence policy's probability of the sampled token, which the
-KV-cache decode that drew it computes to rounding (|log delta| ~ 1e-7 in f32). With a deliberate
-mismatch (sampler_dtype, staleness, rollout.mismatch) log mu is the mismatched policy's,
-recomputed the same way, and c carries that mismatch only. Truncated sampling (top_k, top_p) and
-recorded top-k log-probs are refused by the config (the recompute is of the untruncated softmax).
+What log mu means there: the full-sequence policy's probability of the sampled token, the
+distribution the verified tokens are drawn from (to a float sampler's floor: sampling/verify.py).
+With a deliberate mismatch (sampler_dtype, staleness, rollout.mismatch) log mu is the mismatched
+policy's, recomputed the same way, and c carries that mismatch only. Truncated sampling (top_k,
+top_p) and recorded top-k log-probs are refused by the config (the recompute is of the untruncated
+softmax).
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.invariant import rowwise_logprobs
+from jaxrl_llm.sampling import verify
 from jaxrl_llm.sampling.engine import RolloutBatch
 from jaxrl_llm.sampling.generate import sampler_model_config
 from jaxrl_llm.sampling.loop import cast_params
+from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH
 
 
 def exact_logprobs(params, model_cfg, sampling_cfg, rows: RolloutBatch, *, impl: str, chunk: int,
@@ -72,6 +77,7 @@ class ExactEngine:
 
   def __init__(self, inner, sampler, *, impl: str, chunk: int):
     self.inner, self.sampler, self.impl, self.chunk = inner, sampler, impl, chunk
+    self.counts: dict[str, float] = {}  # the last batch's verification (exact/verify_rounds, exact/redrawn_rows)
 
   @property
   def version(self) -> int:
@@ -79,9 +85,6 @@ class ExactEngine:
 
   def sync(self, params, version: int) -> None:
     self.inner.sync(params, version)
-
-  def metrics(self) -> dict[str, float]:
-    return self.inner.metrics()
 
   def generate(self, prompts, key) -> RolloutBatch:
     batch = self.inner.generate(prompts, key)
@@ -91,9 +94,72 @@ class ExactEngine:
     # recompute, also from the background thread of rollout.overlap.
     mesh = s.batch_sharding.mesh if s.batch_sharding is not None else None
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
+      if not batch.episodic:  # an episode's turns are not re-drawn (sampling/verify.py)
+        batch = self._verified(batch, key, chunk)
       behav_BR = exact_logprobs(s.params, s.model_cfg, s.sampling_cfg, batch, impl=self.impl, chunk=chunk,
                                 batch_sharding=s.batch_sharding)
     return dataclasses.replace(batch, behav_logp_BR=behav_BR)
+
+  def _verified(self, batch: RolloutBatch, key, chunk: int) -> RolloutBatch:
+    """`batch` with each row's tokens those of the trainer's distribution for its uniforms
+    (sampling/verify.py): verify, re-draw the rows that differ from their first differing token, again."""
+    s = self.sampler
+    cfg, model_cfg = s.sampling_cfg, sampler_model_config(s.model_cfg, s.sampling_cfg)
+    params = cast_params(s.params, cfg.dtype)
+    B, R = batch.tokens_BR.shape
+    shards = 1 if s.batch_sharding is None else sharding_lib.batch_shards(s.batch_sharding.mesh)
+    keys_BR = verify.step_key_data(key, jnp.arange(B, dtype=jnp.int32), R)
+    rounds = redrawn = 0
+    while True:
+      arrays = (batch.prompt_BP, batch.prompt_mask_BP, batch.tokens_BR, batch.mask_BR, keys_BR)
+      draws_BR = np.concatenate([sharding_lib.fetch(verify.row_draws(
+          params, *self._placed(tuple(a[i:i + chunk] for a in arrays)), model_cfg=model_cfg, cfg=cfg, shards=shards))
+          for i in range(0, B, chunk)])
+      bad_BR = batch.mask_BR & (draws_BR != batch.tokens_BR)
+      rows = np.flatnonzero(bad_BR.any(axis=1))
+      if not rows.size:
+        break
+      rounds, redrawn = rounds + 1, redrawn + rows.size
+      batch = self._redrawn(batch, rows, bad_BR[rows].argmax(axis=1), draws_BR, key, params, model_cfg)
+    self.counts = {"exact/verify_rounds": float(rounds), "exact/redrawn_rows": float(redrawn)}
+    return batch
+
+  def _placed(self, args):
+    s = self.sampler
+    return args if s.batch_sharding is None else sharding_lib.put(args, s.batch_sharding)
+
+  def _redrawn(self, batch, rows, first, draws_BR, key, params, model_cfg) -> RolloutBatch:
+    """`batch` with row rows[i]'s token first[i] replaced by its draw, and the row decoded again after it."""
+    cfg = self.sampler.sampling_cfg
+    tokens, mask, length = batch.tokens_BR.copy(), batch.mask_BR.copy(), batch.length_B.copy()
+    finish = np.where(batch.truncated_B, FINISH_LENGTH, FINISH_EOS)  # only LENGTH or not is kept
+    go_on = []
+    for b, t in zip(rows, first):
+      tokens[b, t], tokens[b, t + 1:], mask[b, t + 1:], length[b] = draws_BR[b, t], cfg.pad_id, False, t + 1
+      reason = verify.forced_end(tokens[b], t, cfg)
+      if reason is None:
+        go_on.append((b, t + 1))
+      else:
+        finish[b] = reason
+    if go_on:
+      idx = np.array([b for b, _ in go_on], np.int32)
+      keep = np.array([k for _, k in go_on], np.int32)
+      n = 1 << (len(idx) - 1).bit_length()  # rows padded to a power of two: few compiled shapes
+      pad = np.concatenate([np.arange(len(idx)), np.zeros(n - len(idx), np.int64)])
+      args = (batch.prompt_BP[idx][pad], batch.prompt_mask_BP[idx][pad], tokens[idx][pad], keep[pad], idx[pad], key)
+      mesh = None if self.sampler.batch_sharding is None else self.sampler.batch_sharding.mesh
+      if mesh is not None:  # a few rows: every device decodes all of them
+        args = sharding_lib.put(args, sharding_lib.replicated(mesh))
+      out = sharding_lib.fetch(verify.resume(params, *args, model_cfg=model_cfg, cfg=cfg))
+      t_new, m_new, f_new, l_new = (np.asarray(x)[:len(idx)] for x in out)
+      tokens[idx], mask[idx], finish[idx], length[idx] = t_new, m_new, f_new, l_new
+    tok = self.sampler.tokenizer
+    responses = tuple(tok.decode(tokens[b]) if b in set(rows.tolist()) else r for b, r in enumerate(batch.responses))
+    return dataclasses.replace(batch, tokens_BR=tokens, mask_BR=mask, context_BR=mask.copy(), length_B=length,
+                               truncated_B=finish == FINISH_LENGTH, responses=responses)
+
+  def metrics(self) -> dict[str, float]:
+    return {**self.inner.metrics(), **self.counts}
 
   def close(self) -> None:
     self.inner.close()

@@ -156,7 +156,7 @@ def _program_model_flops(p: Program, shapes: RunShapes | Any, mc) -> float:
   if p.name == "sft":
     b = cfg.sft.batch_size
     return model_flops(mc, rows=b, seq=P_ + R, head_rows=b * R, train=True)
-  if p.name == "rollout/exact":  # the full-sequence forward of p.rows rows (sampling/exact.py)
+  if p.name in ("rollout/exact", "rollout/verify"):  # the full-sequence forward of p.rows rows (sampling/exact.py)
     return model_flops(mc, rows=p.rows, seq=P_ + R, head_rows=p.rows * R, train=False)
   if p.name == "recompute":
     rows = cfg.micro_batch_size

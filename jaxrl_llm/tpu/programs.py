@@ -11,6 +11,7 @@ tests/training/test_program_identity.py finds the same StableHLO both ways):
 | rollout/prefill | sampling.loop.prefill | 1 (dynamic sampling's refills not counted) |
 | rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
 | rollout/exact | rollout.exact: log mu by the recompute's row-wise program (sampling/exact.py) | rows / micro-batch |
+| rollout/verify | rollout.exact: the tokens' draws by the same row-wise forward (sampling/verify.py) | rows / micro-batch |
 | recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
 | recompute/packed | a chunk in the bound on the packings train.pack runs (PackPolicy.largest) | 0 (for a padded one) |
 | update | training.update.Updater (learn/learner.py) | epochs x mini-batches |
@@ -189,9 +190,9 @@ def _key(mesh):
 def _in_mesh(fn):
   """Lowers under the run's mesh as the abstract mesh, as the trainer's steps run."""
   @functools.wraps(fn)
-  def lower(shapes: RunShapes, *args):
+  def lower(shapes: RunShapes, *args, **kwargs):
     with jax.sharding.use_abstract_mesh(shapes.mesh.abstract_mesh):
-      return fn(shapes, *args)
+      return fn(shapes, *args, **kwargs)
   return lower
 
 
@@ -238,19 +239,24 @@ def resized(state, cache_len: int):
 
 
 @_in_mesh
-def lower_exact(shapes: RunShapes, model_cfg, params, rows: int):
+def lower_exact(shapes: RunShapes, model_cfg, params, rows: int, *, draws: bool = False):
   """rollout.exact: log mu of `rows` finished rows by the trainer's row-wise program on the sampler's
-  weights in its dtype (sampling/exact.py's exact_logprobs)."""
+  weights in its dtype (sampling/exact.py's exact_logprobs); draws: the verification's draws of the
+  same rows (sampling/verify.py's row_draws)."""
   from jaxrl_llm.model.invariant import rowwise_logprobs  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.sampling import verify  # pylint: disable=import-outside-toplevel
   from jaxrl_llm.sampling.exact import exact_static  # pylint: disable=import-outside-toplevel
 
   scfg, m = shapes.sampling, shapes.mesh
   P_, R = shapes.prompt_len, shapes.response_len
   params = in_dtype(params, scfg.dtype)  # as exact_logprobs casts them (sampling.loop.cast_params)
   args = (row_sds(m, (rows, P_), jnp.int32), row_sds(m, (rows, P_), jnp.bool_), row_sds(m, (rows, R), jnp.int32),
-          row_sds(m, (rows, R), jnp.bool_), row_sds(m, (rows, R), jnp.bool_))
+          row_sds(m, (rows, R), jnp.bool_))
   static = exact_static(model_cfg, scfg, impl=shapes.cfg.kernels.impl, shards=sharding_lib.batch_shards(m))
-  return rowwise_logprobs.lower(params, *args, **static)
+  if draws:
+    return verify.row_draws.lower(params, *args, row_sds(m, (rows, R, 2), jnp.uint32), model_cfg=static["model_cfg"],
+                                  cfg=scfg, shards=static["shards"])
+  return rowwise_logprobs.lower(params, *args, args[-1], **static)
 
 
 def _value_sds(shapes: RunShapes):
@@ -448,9 +454,12 @@ def run_programs(shapes: RunShapes) -> list[Program]:
     from jaxrl_llm.sampling.exact import exact_chunk  # pylint: disable=import-outside-toplevel
 
     xc = exact_chunk(B, chunk)
-    out.append(Program("rollout/exact", "plain", lambda mc, p, _: lower_exact(shapes, mc, p, xc), 1, B / xc,
-                       f"rollout.exact: log mu of {B // xc} chunks of {xc} rows, row by row "
-                       "(model/invariant.py), on the sampler's weights", rows=xc, params_view=view))
+    out += [Program("rollout/exact", "plain", lambda mc, p, _: lower_exact(shapes, mc, p, xc), 1, B / xc,
+                    f"rollout.exact: log mu of {B // xc} chunks of {xc} rows, row by row "
+                    "(model/invariant.py), on the sampler's weights", rows=xc, params_view=view),
+            Program("rollout/verify", "plain", lambda mc, p, _: lower_exact(shapes, mc, p, xc, draws=True), 1, B / xc,
+                    f"rollout.exact: the tokens verified, {B // xc} chunks of {xc} rows, row by row "
+                    "(sampling/verify.py; forecast: one round, no row decoded again)", rows=xc, params_view=view)]
   if shapes.recomputes:
     what = "+".join(n for n, on in (("pi_prox", cfg.prox.forward),
                                     ("pi_ref", cfg.objective.needs_ref or cfg.log.kl_to_ref)) if on)

@@ -6,6 +6,7 @@ keyword, an optimizer, a sharding or a donation shows here)."""
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -206,4 +207,16 @@ def test_the_exact_recompute_lowers_the_same_program_as_the_run(tmp_path, closin
   static = exact_static(mc, trainer.sampling_cfg, impl=cfg.kernels.impl, shards=sharding_lib.batch_shards(m))
   with jax.sharding.use_abstract_mesh(m.abstract_mesh):
     run = rowwise_logprobs.lower(cast_params(state.params, trainer.sampling_cfg.dtype), *args[:5], **static)
+  assert fingerprint(run) == fingerprint(plan)
+  # The verification of its tokens (sampling/verify.py): the draws the engine runs, the plan's program.
+  from jaxrl_llm.sampling import verify
+
+  (prog,) = [p for p in programs.run_programs(shapes) if p.name == "rollout/verify"]
+  assert prog.rows == rows and prog.calls_per_step == cfg.rollout.batch_size / rows
+  plan = programs.lower_exact(shapes, mc, programs.param_sds(mc, m), rows, draws=True)
+  keys = sharding_lib.put(verify.step_key_data(jax.random.key(0), jnp.arange(rows, dtype=jnp.int32),
+                                               args[2].shape[1]), trainer.context.batch_sharding)
+  with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+    run = verify.row_draws.lower(cast_params(state.params, trainer.sampling_cfg.dtype), *args[:4], keys,
+                                 model_cfg=static["model_cfg"], cfg=trainer.sampling_cfg, shards=static["shards"])
   assert fingerprint(run) == fingerprint(plan)
