@@ -94,35 +94,47 @@ class ExactEngine:
     # recompute, also from the background thread of rollout.overlap.
     mesh = s.batch_sharding.mesh if s.batch_sharding is not None else None
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
-      if not batch.episodic:  # an episode's turns are not re-drawn (sampling/verify.py)
-        batch = self._verified(batch, key, chunk)
-      behav_BR = exact_logprobs(s.params, s.model_cfg, s.sampling_cfg, batch, impl=self.impl, chunk=chunk,
-                                batch_sharding=s.batch_sharding)
+      if batch.episodic:  # an episode's turns are recorded, not re-drawn (sampling/verify.py)
+        behav_BR = exact_logprobs(s.params, s.model_cfg, s.sampling_cfg, batch, impl=self.impl, chunk=chunk,
+                                  batch_sharding=s.batch_sharding)
+      else:
+        batch, behav_BR = self._verified(batch, key, chunk)
     return dataclasses.replace(batch, behav_logp_BR=behav_BR)
 
-  def _verified(self, batch: RolloutBatch, key, chunk: int) -> RolloutBatch:
-    """`batch` with each row's tokens those of the trainer's distribution for its uniforms
-    (sampling/verify.py): verify, re-draw the rows that differ from their first differing token, again."""
+  def _verified(self, batch: RolloutBatch, key, chunk: int) -> tuple[RolloutBatch, jax.Array]:
+    """(`batch` with each row's tokens those of the trainer's distribution for its uniforms, their log
+    mu) (sampling/verify.py): the row-wise program's log-probs and hidden states of each chunk of rows,
+    the draws from those states; the rows that differ re-drawn from their first differing token, and
+    their chunks computed again, until none differs."""
     s = self.sampler
     cfg, model_cfg = s.sampling_cfg, sampler_model_config(s.model_cfg, s.sampling_cfg)
     params = cast_params(s.params, cfg.dtype)
     B, R = batch.tokens_BR.shape
     shards = 1 if s.batch_sharding is None else sharding_lib.batch_shards(s.batch_sharding.mesh)
+    static = exact_static(s.model_cfg, cfg, impl=self.impl, shards=shards)
     keys_BR = verify.step_key_data(key, jnp.arange(B, dtype=jnp.int32), R)
+
+    def run(i):  # chunk i: (log mu, draws on the host)
+      args = self._placed(tuple(a[i:i + chunk] for a in (batch.prompt_BP, batch.prompt_mask_BP, batch.tokens_BR,
+                                                         batch.context_BR, batch.mask_BR, keys_BR)))
+      logp, hidden = rowwise_logprobs(params, *args[:5], **static)
+      return logp, sharding_lib.fetch(verify.head_draws(params, hidden, args[4], args[5], model_cfg=model_cfg, cfg=cfg,
+                                                        shards=shards))
+
+    parts = {i: run(i) for i in range(0, B, chunk)}
     rounds = redrawn = 0
     while True:
-      arrays = (batch.prompt_BP, batch.prompt_mask_BP, batch.tokens_BR, batch.mask_BR, keys_BR)
-      draws_BR = np.concatenate([sharding_lib.fetch(verify.row_draws(
-          params, *self._placed(tuple(a[i:i + chunk] for a in arrays)), model_cfg=model_cfg, cfg=cfg, shards=shards))
-          for i in range(0, B, chunk)])
+      draws_BR = np.concatenate([np.asarray(parts[i][1]) for i in sorted(parts)])
       bad_BR = batch.mask_BR & (draws_BR != batch.tokens_BR)
       rows = np.flatnonzero(bad_BR.any(axis=1))
       if not rows.size:
         break
       rounds, redrawn = rounds + 1, redrawn + rows.size
       batch = self._redrawn(batch, rows, bad_BR[rows].argmax(axis=1), draws_BR, key, params, model_cfg)
+      parts.update({i: run(i) for i in sorted({int(r) // chunk * chunk for r in rows})})
     self.counts = {"exact/verify_rounds": float(rounds), "exact/redrawn_rows": float(redrawn)}
-    return batch
+    logps = [parts[i][0] for i in sorted(parts)]
+    return batch, logps[0] if len(logps) == 1 else jnp.concatenate(logps)
 
   def _placed(self, args):
     s = self.sampler

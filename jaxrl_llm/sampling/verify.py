@@ -9,13 +9,16 @@ recorded by the trainer's program (sampling/exact.py), the tokens would then com
 other distribution than the log mu beside them.
 
 Verification, the rule here: a sample is accepted when each of its tokens is the one the trainer's
-distribution gives for the same uniform. The row-wise program (model/invariant.py's layout: each row
-alone, [1, P + R]) computes the full-sequence logits at every response position, processes them as
-the decode step does (vocabulary limit, temperature), and draws with the same uniforms
-(`row_draws`). At a row's first position t where the draw differs, the token is replaced by the
-draw, and the row is decoded again after it with the KV cache (`resume`, the same keys), and
-verified again. The loop ends when every row is accepted; each round fixes at least one more
-position of each row it touches, so at most R rounds (typically one in bf16, none in f32).
+distribution gives for the same uniform. The row-wise program that records log mu
+(model/invariant.rowwise_logprobs: each row alone, [1, P + R]) also returns the full-sequence state
+that predicts each response token; `head_draws` makes the logits from it, processes them as the
+decode step does (vocabulary limit, temperature) and draws with the same uniforms. At a row's first
+position t where the draw differs, the token is replaced by the draw, the row is decoded again
+after it with the KV cache (`resume`, the same keys), and its chunk of rows is computed and
+verified again (sampling/exact.py's ExactEngine). The loop ends when every row is accepted; each
+round fixes at least one more position of each row it touches, so at most R rounds (few in bf16,
+typically none in f32). Without a differing row it costs the head's product and the draws, not a
+second forward.
 
 What that gives, bit for bit: the tokens are a function of (prompt, key, params) through the
 trainer's program only: the tokens an inverse-CDF sampler would draw from the row-wise full
@@ -39,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.model import forward, init_cache, logits
-from jaxrl_llm.model.logprobs import response_hidden
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.loop import DecodeState, cast_params, decode, prompt_positions, record_sample
 from jaxrl_llm.sampling.processors import process_logits, sample_from_logp
@@ -59,20 +61,22 @@ def step_keys(key: jax.Array, rows: jax.Array, R: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("R",))
 def step_key_data(key: jax.Array, rows: jax.Array, R: int) -> jax.Array:
-  """uint32 [B, R, 2]: `step_keys`' bits (row_draws takes them in chunks of rows)."""
+  """uint32 [B, R, 2]: `step_keys`' bits (head_draws takes them in chunks of rows)."""
   return jax.random.key_data(step_keys(key, rows, R))
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "shards", "logits_bytes"))
-def row_draws(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, keys_BR, *, model_cfg, cfg: SamplingConfig,
-              shards: int = 1, logits_bytes: int = LOGITS_BYTES) -> jax.Array:
-  """int32 [B, R]: at each response position t, the token the decode's rule draws from the full
-  forward's logits of the row's tokens before t, with the uniform of keys_BR[b, t] (`step_key_data`);
-  -1 off mask_BR. The logits are made `logits_bytes` at a time (f32 [C, V], C positions). `params` cast to the sampler's dtype; each row alone (model/invariant.rowwise_logprobs'
-  layout: map step b // shards, slot b % shards), so a row's draws do not depend on the batch."""
-  B, R = tokens_BR.shape
+def head_draws(params, hidden_BRD, mask_BR, keys_BR, *, model_cfg, cfg: SamplingConfig, shards: int = 1,
+               logits_bytes: int = LOGITS_BYTES) -> jax.Array:
+  """int32 [B, R]: at each response position t, the token the decode's rule (vocabulary limit,
+  temperature, inverse-CDF sampling) draws from the logits of hidden_BRD[b, t], the full forward's
+  state that predicts token t (model/invariant.rowwise_logprobs' second output), with the uniform of
+  keys_BR[b, t] (`step_key_data`); -1 off mask_BR. `params` in the sampler's dtype. Each row alone,
+  in rowwise_logprobs' layout (map step b // shards, slot b % shards), its logits made
+  `logits_bytes` at a time (f32 [C, V], C positions): a row's draws do not depend on the batch."""
+  B, R, D = hidden_BRD.shape
 
-  def draw(args):  # C positions' logits at a time: [C, V] f32, not [R, V], in memory
+  def draw(args):
     h_CD, k_C = args
     logits_CV = logits(params, model_cfg, h_CD[None])[0]
     V = logits_CV.shape[-1]
@@ -85,12 +89,11 @@ def row_draws(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, keys_BR, *,
     return sample_from_logp(jax.random.wrap_key_data(k_C), logp_CV)
 
   def one(args):
-    p_SP, pm_SP, t_SR, m_SR, k_SR = args
-    hidden_SRD = response_hidden(params, model_cfg, p_SP, pm_SP, t_SR, m_SR)
-    S, _, D = hidden_SRD.shape
+    h_SRD, m_SR, k_SR = args
+    S = h_SRD.shape[0]
     C = min(S * R, max(1, logits_bytes // (4 * model_cfg.vocab_size)))
     n = -(-S * R // C)
-    h_ND = jnp.pad(hidden_SRD.reshape(S * R, D), ((0, n * C - S * R), (0, 0)))
+    h_ND = jnp.pad(h_SRD.reshape(S * R, D), ((0, n * C - S * R), (0, 0)))
     k_N = jnp.pad(k_SR.reshape(S * R, -1), ((0, n * C - S * R), (0, 0)))
     draw_N = jax.lax.map(draw, (h_ND.reshape(n, C, D), k_N.reshape(n, C, -1))).reshape(n * C)[:S * R]
     return jnp.where(m_SR, draw_N.reshape(S, R), -1)
@@ -98,8 +101,7 @@ def row_draws(params, prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, keys_BR, *,
   def steps(x):
     return x.reshape(B // shards, shards, *x.shape[1:])
 
-  out = jax.lax.map(one, tuple(steps(x) for x in (prompt_BP, prompt_mask_BP, tokens_BR, mask_BR, keys_BR)))
-  return out.reshape(B, R)
+  return jax.lax.map(one, tuple(steps(x) for x in (hidden_BRD, mask_BR, keys_BR))).reshape(B, R)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"))

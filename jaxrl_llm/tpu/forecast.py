@@ -156,7 +156,9 @@ def _program_model_flops(p: Program, shapes: RunShapes | Any, mc) -> float:
   if p.name == "sft":
     b = cfg.sft.batch_size
     return model_flops(mc, rows=b, seq=P_ + R, head_rows=b * R, train=True)
-  if p.name in ("rollout/exact", "rollout/verify"):  # the full-sequence forward of p.rows rows (sampling/exact.py)
+  if p.name == "rollout/verify":  # the head's product over p.rows rows (sampling/verify.py's draws)
+    return 2 * _matmul_params(mc)[1] * p.rows * R
+  if p.name == "rollout/exact":  # the full-sequence forward of p.rows rows (sampling/exact.py)
     return model_flops(mc, rows=p.rows, seq=P_ + R, head_rows=p.rows * R, train=False)
   if p.name == "recompute":
     rows = cfg.micro_batch_size

@@ -11,7 +11,7 @@ tests/training/test_program_identity.py finds the same StableHLO both ways):
 | rollout/prefill | sampling.loop.prefill | 1 (dynamic sampling's refills not counted) |
 | rollout/decode | sampling.loop.decode | 1 (forecast: every row to max_response_len) |
 | rollout/exact | rollout.exact: log mu by the recompute's row-wise program (sampling/exact.py) | rows / micro-batch |
-| rollout/verify | rollout.exact: the tokens' draws by the same row-wise forward (sampling/verify.py) | rows / micro-batch |
+| rollout/verify | rollout.exact: the tokens' draws from that program's hidden states (sampling/verify.py) | rows / micro-batch |
 | recompute | training.recompute's chunk (log pi_prox, log pi_ref, values) | rows / micro-batch, per recompute the run makes |
 | recompute/packed | a chunk in the bound on the packings train.pack runs (PackPolicy.largest) | 0 (for a padded one) |
 | update | training.update.Updater (learn/learner.py) | epochs x mini-batches |
@@ -241,8 +241,8 @@ def resized(state, cache_len: int):
 @_in_mesh
 def lower_exact(shapes: RunShapes, model_cfg, params, rows: int, *, draws: bool = False):
   """rollout.exact: log mu of `rows` finished rows by the trainer's row-wise program on the sampler's
-  weights in its dtype (sampling/exact.py's exact_logprobs); draws: the verification's draws of the
-  same rows (sampling/verify.py's row_draws)."""
+  weights in its dtype (sampling/exact.py's exact_logprobs); draws: the verification's draws from that
+  program's hidden states (sampling/verify.py's head_draws)."""
   from jaxrl_llm.model.invariant import rowwise_logprobs  # pylint: disable=import-outside-toplevel
   from jaxrl_llm.sampling import verify  # pylint: disable=import-outside-toplevel
   from jaxrl_llm.sampling.exact import exact_static  # pylint: disable=import-outside-toplevel
@@ -254,8 +254,9 @@ def lower_exact(shapes: RunShapes, model_cfg, params, rows: int, *, draws: bool 
           row_sds(m, (rows, R), jnp.bool_))
   static = exact_static(model_cfg, scfg, impl=shapes.cfg.kernels.impl, shards=sharding_lib.batch_shards(m))
   if draws:
-    return verify.row_draws.lower(params, *args, row_sds(m, (rows, R, 2), jnp.uint32), model_cfg=static["model_cfg"],
-                                  cfg=scfg, shards=static["shards"])
+    hidden = row_sds(m, (rows, R, model_cfg.d_model), static["model_cfg"].compute_dtype)
+    return verify.head_draws.lower(params, hidden, args[3], row_sds(m, (rows, R, 2), jnp.uint32),
+                                   model_cfg=static["model_cfg"], cfg=scfg, shards=static["shards"])
   return rowwise_logprobs.lower(params, *args, args[-1], **static)
 
 

@@ -4,9 +4,10 @@ u(b, t) = uniform(fold_in(fold_in(key, b), t)), bit for bit, in f32 and bf16 com
 continuous batching, whatever the proposal the KV-cache decode made.
 
 The reference here samples token by token: at step t it runs the row-wise program on the row's
-tokens so far and takes the draw at t, and ends a row at EOS or R tokens. It shares the row-wise
+tokens so far, draws from its state at t, and ends a row at EOS or R tokens. It shares the row-wise
 program with the verification (the trainer's distribution is that program), not the protocol: no KV
-cache, no verification, no re-decode.
+cache, no verification, no re-decode. The engine's log mu of the verified tokens is the trainer's
+(tests/sampling/test_exact_logprobs.py); here it is checked against the row-wise program again.
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ import pytest
 
 from run_helpers import load_config, shrink
 from jaxrl_llm import model as model_lib
+from jaxrl_llm.model.invariant import rowwise_logprobs
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.sampling import verify
 from jaxrl_llm.sampling.engine import JaxSampler
@@ -52,7 +54,7 @@ def _prompts():
                      answers=("15", "52", "12", "61"), tags=("t",) * 4)
 
 
-def _token_by_token(model_cfg, params, scfg, key, logits_bytes=verify.LOGITS_BYTES):
+def _token_by_token(model_cfg, params, scfg, impl, key, logits_bytes=verify.LOGITS_BYTES):
   """(tokens_BR, length_B): each token drawn from the row-wise full forward of the row's tokens so far."""
   prompts = _prompts()
   prompt_BP, mask_BP = np.repeat(prompts.tokens_BP, G, axis=0), np.repeat(prompts.mask_BP, G, axis=0)
@@ -64,8 +66,10 @@ def _token_by_token(model_cfg, params, scfg, key, logits_bytes=verify.LOGITS_BYT
   length = np.zeros(B, np.int32)
   for t in range(R):
     upto_BR = np.broadcast_to(np.arange(R) <= t, (B, R))
-    draws = np.asarray(verify.row_draws(run_params, prompt_BP, mask_BP, tokens, upto_BR, keys_BR, model_cfg=run_cfg,
-                                        cfg=scfg, logits_bytes=logits_bytes))
+    _, hidden_BRD = rowwise_logprobs(run_params, prompt_BP, mask_BP, tokens, upto_BR, upto_BR, model_cfg=run_cfg,
+                                     temperature=scfg.temperature, impl=impl)
+    draws = np.asarray(verify.head_draws(run_params, hidden_BRD, upto_BR, keys_BR, model_cfg=run_cfg, cfg=scfg,
+                                         logits_bytes=logits_bytes))
     tokens[live, t] = draws[live, t]
     length[live] += 1
     live &= ~np.isin(tokens[:, t], scfg.eos_ids)
@@ -108,13 +112,19 @@ def test_exact_tokens_are_the_full_forward_samplers(dtype, slots, scrambled):
   engine = ExactEngine(inner, sampler, impl=run_cfg.kernels.impl, chunk=16)
   engine.sync(params, 0)
   rows = engine.generate(_prompts(), key)
-  want_tokens, want_length = _token_by_token(model_cfg, params, scfg, key)
+  want_tokens, want_length = _token_by_token(model_cfg, params, scfg, run_cfg.kernels.impl, key)
   np.testing.assert_array_equal(rows.length_B, want_length)
   np.testing.assert_array_equal(rows.tokens_BR, want_tokens)
   np.testing.assert_array_equal(rows.mask_BR, np.arange(scfg.max_new_tokens)[None] < want_length[:, None])
   assert rows.responses == tuple(TOK.decode(r) for r in want_tokens)
+  mask = np.asarray(rows.mask_BR)
+  want_mu, _ = rowwise_logprobs(cast_params(params, scfg.dtype), rows.prompt_BP, rows.prompt_mask_BP, rows.tokens_BR,
+                                mask, mask, model_cfg=sampler_model_config(model_cfg, scfg),
+                                temperature=scfg.temperature, impl=run_cfg.kernels.impl)
+  np.testing.assert_array_equal(np.asarray(rows.behav_logp_BR), np.asarray(want_mu))
   # The logits made 3 positions at a time (a large vocabulary's way): the same draws.
-  small, _ = _token_by_token(model_cfg, params, scfg, key, logits_bytes=3 * 4 * model_cfg.vocab_size)
+  small, _ = _token_by_token(model_cfg, params, scfg, run_cfg.kernels.impl, key,
+                             logits_bytes=3 * 4 * model_cfg.vocab_size)
   np.testing.assert_array_equal(small, want_tokens)
   np.testing.assert_array_equal(rows.truncated_B, ~np.isin(want_tokens, TOK.eos_ids).any(axis=1))
   counts = engine.metrics()

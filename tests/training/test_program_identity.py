@@ -217,6 +217,9 @@ def test_the_exact_recompute_lowers_the_same_program_as_the_run(tmp_path, closin
   keys = sharding_lib.put(verify.step_key_data(jax.random.key(0), jnp.arange(rows, dtype=jnp.int32),
                                                args[2].shape[1]), trainer.context.batch_sharding)
   with jax.sharding.use_abstract_mesh(m.abstract_mesh):
-    run = verify.row_draws.lower(cast_params(state.params, trainer.sampling_cfg.dtype), *args[:4], keys,
-                                 model_cfg=static["model_cfg"], cfg=trainer.sampling_cfg, shards=static["shards"])
+    params = cast_params(state.params, trainer.sampling_cfg.dtype)
+    hidden = rowwise_logprobs.eval_shape(params, *args[:5], **static)[1]
+    hidden = jax.ShapeDtypeStruct(hidden.shape, hidden.dtype, sharding=trainer.context.batch_sharding)
+    run = verify.head_draws.lower(params, hidden, args[3], keys, model_cfg=static["model_cfg"],
+                                  cfg=trainer.sampling_cfg, shards=static["shards"])
   assert fingerprint(run) == fingerprint(plan)
