@@ -35,7 +35,7 @@ from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.invariant import rowwise_logprobs
 from jaxrl_llm.sampling import verify
 from jaxrl_llm.sampling.engine import RolloutBatch
-from jaxrl_llm.sampling.generate import sampler_model_config
+from jaxrl_llm.sampling.generate import resolve_data_axis, sampler_model_config
 from jaxrl_llm.sampling.loop import cast_params
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH
 
@@ -77,7 +77,9 @@ class ExactEngine:
 
   def __init__(self, inner, sampler, *, impl: str, chunk: int):
     self.inner, self.sampler, self.impl, self.chunk = inner, sampler, impl, chunk
-    self.counts: dict[str, float] = {}  # the last batch's verification (exact/verify_rounds, exact/redrawn_rows)
+    # The verification's counters since the engine started (as an external engine's requests): the
+    # rounds that found a differing row, and the rows re-drawn.
+    self.counts = {"exact/verify_rounds": 0.0, "exact/redrawn_rows": 0.0}
 
   @property
   def version(self) -> int:
@@ -118,21 +120,32 @@ class ExactEngine:
       args = self._placed(tuple(a[i:i + chunk] for a in (batch.prompt_BP, batch.prompt_mask_BP, batch.tokens_BR,
                                                          batch.context_BR, batch.mask_BR, keys_BR)))
       logp, hidden = rowwise_logprobs(params, *args[:5], **static)
+      hidden = self._placed(hidden)  # in the rows' sharding, as the plan lowers the draws (tpu/programs.py)
       return logp, sharding_lib.fetch(verify.head_draws(params, hidden, args[4], args[5], model_cfg=model_cfg, cfg=cfg,
                                                         shards=shards))
 
+    ended = np.array([n == R or verify.forced_end(row, n - 1, cfg) is not None
+                      for row, n in zip(batch.tokens_BR, batch.length_B)])
+    if not ended.all():  # a row the decode's rules would have continued: not a proposal to verify
+      raise ValueError(f"rollout.exact: rows {np.flatnonzero(~ended).tolist()} end before {R} tokens without an "
+                       "end-of-sequence or stop token")
     parts = {i: run(i) for i in range(0, B, chunk)}
-    rounds = redrawn = 0
+    accepted = np.zeros(B, np.int64)  # per row: the tokens verified so far
     while True:
       draws_BR = np.concatenate([np.asarray(parts[i][1]) for i in sorted(parts)])
       bad_BR = batch.mask_BR & (draws_BR != batch.tokens_BR)
       rows = np.flatnonzero(bad_BR.any(axis=1))
       if not rows.size:
         break
-      rounds, redrawn = rounds + 1, redrawn + rows.size
-      batch = self._redrawn(batch, rows, bad_BR[rows].argmax(axis=1), draws_BR, key, params, model_cfg)
+      first = bad_BR[rows].argmax(axis=1)
+      if np.any(first < accepted[rows]):  # an accepted prefix is never re-drawn: a draw changed with the batch
+        raise RuntimeError(f"rollout.exact: rows {rows[first < accepted[rows]].tolist()} differ before their "
+                           "accepted tokens; the row-wise program is not batch-invariant here")
+      accepted[rows] = first + 1
+      self.counts["exact/verify_rounds"] += 1
+      self.counts["exact/redrawn_rows"] += rows.size
+      batch = self._redrawn(batch, rows, first, draws_BR, key, params, model_cfg)
       parts.update({i: run(i) for i in sorted({int(r) // chunk * chunk for r in rows})})
-    self.counts = {"exact/verify_rounds": float(rounds), "exact/redrawn_rows": float(redrawn)}
     logps = [parts[i][0] for i in sorted(parts)]
     return batch, logps[0] if len(logps) == 1 else jnp.concatenate(logps)
 
@@ -156,13 +169,20 @@ class ExactEngine:
     if go_on:
       idx = np.array([b for b, _ in go_on], np.int32)
       keep = np.array([k for _, k in go_on], np.int32)
-      n = 1 << (len(idx) - 1).bit_length()  # rows padded to a power of two: few compiled shapes
+      sharding = self.sampler.batch_sharding
+      mesh = None if sharding is None else sharding.mesh
+      shards = 1 if mesh is None else sharding_lib.batch_shards(mesh)
+      # Rows padded to a power of two (few compiled shapes), at least one per batch shard, split over
+      # the batch axes as the sampler's.
+      n = max(1 << (len(idx) - 1).bit_length(), shards)
       pad = np.concatenate([np.arange(len(idx)), np.zeros(n - len(idx), np.int64)])
-      args = (batch.prompt_BP[idx][pad], batch.prompt_mask_BP[idx][pad], tokens[idx][pad], keep[pad], idx[pad], key)
-      mesh = None if self.sampler.batch_sharding is None else self.sampler.batch_sharding.mesh
-      if mesh is not None:  # a few rows: every device decodes all of them
-        args = sharding_lib.put(args, sharding_lib.replicated(mesh))
-      out = sharding_lib.fetch(verify.resume(params, *args, model_cfg=model_cfg, cfg=cfg))
+      args = (batch.prompt_BP[idx][pad], batch.prompt_mask_BP[idx][pad], tokens[idx][pad], keep[pad], idx[pad])
+      if mesh is not None:
+        args = sharding_lib.put(args, jax.tree.map(lambda x: sharding_lib.batch_sharding(mesh, x.ndim), args))
+        key = sharding_lib.put(key, sharding_lib.replicated(mesh))
+      data_axis = () if mesh is None else resolve_data_axis(mesh, None)
+      out = sharding_lib.fetch(verify.resume(params, *args, key, model_cfg=model_cfg, cfg=cfg, mesh=mesh,
+                                             data_axis=data_axis))
       t_new, m_new, f_new, l_new = (np.asarray(x)[:len(idx)] for x in out)
       tokens[idx], mask[idx], finish[idx], length[idx] = t_new, m_new, f_new, l_new
     tok = self.sampler.tokenizer

@@ -28,6 +28,9 @@ accepted. What is left: the probability of a token under inverse-CDF sampling is
 interval of the f32 cumulative sum, which equals exp(log mu) to f32 rounding (about 1e-7), as for
 any float sampler; and the draws come from the logits' f32 product, where log mu's kernel fuses
 the product with the log-softmax (their difference is f32 rounding too, not the sampler's dtype).
+With a vocabulary padded past the tokenizer's ids (SamplingConfig.vocab_limit) the draws are over
+the tokenizer's ids, as the decode's, and log mu is the full softmax's, as the trainer's log pi:
+the two differ by log(1 - the padded ids' mass).
 
 Single-turn samples only (static and continuous batching): an episode's tokens are recorded
 exactly (log mu) but not re-drawn, since re-drawing a turn would replay its environment.
@@ -43,7 +46,7 @@ import numpy as np
 
 from jaxrl_llm.model import forward, init_cache, logits
 from jaxrl_llm.sampling.config import SamplingConfig
-from jaxrl_llm.sampling.loop import DecodeState, cast_params, decode, prompt_positions, record_sample
+from jaxrl_llm.sampling.loop import DecodeState, cast_params, decode, prompt_positions, record_sample, shard_rows
 from jaxrl_llm.sampling.processors import process_logits, sample_from_logp
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 
@@ -76,8 +79,7 @@ def head_draws(params, hidden_BRD, mask_BR, keys_BR, *, model_cfg, cfg: Sampling
   `logits_bytes` at a time (f32 [C, V], C positions): a row's draws do not depend on the batch."""
   B, R, D = hidden_BRD.shape
 
-  def draw(args):
-    h_CD, k_C = args
+  def draw(h_CD, k_C):  # one row's C positions
     logits_CV = logits(params, model_cfg, h_CD[None])[0]
     V = logits_CV.shape[-1]
     if 0 < cfg.vocab_limit < V:
@@ -88,15 +90,16 @@ def head_draws(params, hidden_BRD, mask_BR, keys_BR, *, model_cfg, cfg: Sampling
                              min_p=cfg.min_p)
     return sample_from_logp(jax.random.wrap_key_data(k_C), logp_CV)
 
-  def one(args):
+  C = min(R, max(1, logits_bytes // (4 * model_cfg.vocab_size)))
+  n = -(-R // C)
+
+  def one(args):  # the S rows of one map step (one per batch shard), each in chunks of C positions
     h_SRD, m_SR, k_SR = args
     S = h_SRD.shape[0]
-    C = min(S * R, max(1, logits_bytes // (4 * model_cfg.vocab_size)))
-    n = -(-S * R // C)
-    h_ND = jnp.pad(h_SRD.reshape(S * R, D), ((0, n * C - S * R), (0, 0)))
-    k_N = jnp.pad(k_SR.reshape(S * R, -1), ((0, n * C - S * R), (0, 0)))
-    draw_N = jax.lax.map(draw, (h_ND.reshape(n, C, D), k_N.reshape(n, C, -1))).reshape(n * C)[:S * R]
-    return jnp.where(m_SR, draw_N.reshape(S, R), -1)
+    h_nSCD = jnp.pad(h_SRD, ((0, 0), (0, n * C - R), (0, 0))).reshape(S, n, C, D).swapaxes(0, 1)
+    k_nSC = jnp.pad(k_SR, ((0, 0), (0, n * C - R), (0, 0))).reshape(S, n, C, -1).swapaxes(0, 1)
+    draw_nSC = jax.lax.map(lambda a: jax.vmap(draw)(*a), (h_nSCD, k_nSC))
+    return jnp.where(m_SR, draw_nSC.swapaxes(0, 1).reshape(S, n * C)[:, :R], -1)
 
   def steps(x):
     return x.reshape(B // shards, shards, *x.shape[1:])
@@ -104,12 +107,13 @@ def head_draws(params, hidden_BRD, mask_BR, keys_BR, *, model_cfg, cfg: Sampling
   return jax.lax.map(one, tuple(steps(x) for x in (hidden_BRD, mask_BR, keys_BR))).reshape(B, R)
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"))
-def resume(params, prompt_BP, prompt_mask_BP, tokens_BR, keep_B, rows_B, key, *, model_cfg,
-           cfg: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "data_axis"))
+def resume(params, prompt_BP, prompt_mask_BP, tokens_BR, keep_B, rows_B, key, *, model_cfg, cfg: SamplingConfig,
+           mesh=None, data_axis: tuple[str, ...] = ()) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Rows decoded again after their first keep_B[b] response tokens (1 <= keep_B < R), with the keys
   of rows rows_B of the original batch: the prompt and the kept tokens encoded as one block, then the
-  decode loop from step keep_B. -> (tokens_BR, mask_BR, finish_reason_B, length_B)."""
+  decode loop from step keep_B (its rows split over `data_axis` of `mesh`, as the sampler's).
+  -> (tokens_BR, mask_BR, finish_reason_B, length_B)."""
   params = cast_params(params, cfg.dtype)
   B, P = prompt_BP.shape
   R = tokens_BR.shape[1]
@@ -130,8 +134,8 @@ def resume(params, prompt_BP, prompt_mask_BP, tokens_BR, keep_B, rows_B, key, *,
       behav_logp_BR=jnp.zeros((B, R), jnp.float32), raw_logp_BR=None, topk_ids_BRK=None, topk_logp_BRK=None,
       finish_reason_B=jnp.full((B,), FINISH_LENGTH, jnp.int32), length_B=keep_B.astype(jnp.int32),
       step_B=keep_B.astype(jnp.int32))
-  state = record_sample(state, logits_BV, cfg)
-  state = decode(params, state, model_cfg=model_cfg, cfg=cfg)
+  state = shard_rows(record_sample(shard_rows(state, mesh, data_axis), logits_BV, cfg), mesh, data_axis)
+  state = decode(params, state, model_cfg=model_cfg, cfg=cfg, prompt_len=P + R, mesh=mesh, data_axis=data_axis)
   return state.tokens_BR, state.mask_BR, state.finish_reason_B, state.length_B
 
 
