@@ -15,6 +15,9 @@ template's text, `detect_tool_call_format`):
   is the final answer.
 - "mistral" (Mistral v3 templates: Mistral-7B-Instruct-v0.3, Mistral-Nemo, Small): `[TOOL_CALLS]`
   then a JSON list `[{"name": ..., "arguments": {...}, "id": ...}]`; the text before it is content.
+  Templates of v11 tokenizers and later (Mistral Small 3.2, Magistral, Devstral) write each call as
+  `[TOOL_CALLS]NAME[ARGS]{...}` (with `[CALL_ID]ID` before `[ARGS]` where they keep ids): the same
+  parser reads both.
 - "harmony" (GPT-OSS): each message of the turn is `<|start|>assistant<|channel|>C ... <|message|>
   body <|end|>` (the first one's `<|start|>assistant` is the generation prompt's), and a call is a
   message to `to=functions.NAME` (in the header before or after `<|channel|>`), its body the JSON
@@ -197,12 +200,20 @@ def parse_llama3_calls(text: str, tools: Sequence[Tool]) -> ParsedTurn:
       pos += 1
 
 
+_V11_CALL = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?(?:\[ARGS\])?")
+
+
 def parse_mistral_calls(text: str, tools: Sequence[Tool]) -> ParsedTurn:
-  """The calls of a turn in Mistral's syntax: `[TOOL_CALLS]` and a JSON list of calls."""
+  """The calls of a turn in Mistral's syntax: `[TOOL_CALLS]` and a JSON list of calls (tokenizers up
+  to v7), or each call as `[TOOL_CALLS]NAME[ARGS]{...}`, with `[CALL_ID]ID` before `[ARGS]` where
+  the template writes ids (v11 and later: Mistral Small 3.2, Magistral, Devstral)."""
   start = text.find(TOOL_CALLS)
   if start == -1:
     return ParsedTurn((), content=text.strip())
   body = text[start + len(TOOL_CALLS):].strip()
+  by_name = {t.name: t for t in tools}
+  if not body.startswith(("[", "{")):
+    return _mistral_v11_calls(text[start:], by_name, content=text[:start].strip())
   try:
     value = json.loads(body)
   except json.JSONDecodeError as e:
@@ -210,8 +221,33 @@ def parse_mistral_calls(text: str, tools: Sequence[Tool]) -> ParsedTurn:
   items = value if isinstance(value, list) else [value]
   if not items:
     return _bad("malformed_call", f"{TOOL_CALLS} holds an empty list")
-  got = _calls_of(items, {t.name: t for t in tools})
+  got = _calls_of(items, by_name)
   return got if isinstance(got, ParsedTurn) else ParsedTurn(tuple(got), content=text[:start].strip())
+
+
+def _mistral_v11_calls(text: str, by_name: dict[str, Tool], content: str) -> ParsedTurn:
+  """`[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}` repeated (text starts at the first [TOOL_CALLS]); [CALL_ID]
+  is optional, and so is [ARGS] (a decode that dropped the special token)."""
+  calls, decoder = [], json.JSONDecoder()
+  for piece in text.split(TOOL_CALLS)[1:]:
+    head = _V11_CALL.match(piece)
+    if head is None:
+      return _bad("malformed_call", f"{TOOL_CALLS} is not followed by a tool name: {piece[:40]!r}")
+    rest = piece[head.end():].lstrip()
+    try:
+      arguments, end = decoder.raw_decode(rest)
+    except json.JSONDecodeError as e:
+      return _bad("malformed_call", f"the arguments of {head.group(1)!r} are not JSON: {e.msg} at character {e.pos}")
+    if rest[end:].strip():
+      return _bad("malformed_call", f"text after the arguments of {head.group(1)!r}: {rest[end:].strip()[:40]!r}")
+    item = {"name": head.group(1), "arguments": arguments}
+    if head.group(2):
+      item["id"] = head.group(2)
+    got = _calls_of([item], by_name)
+    if isinstance(got, ParsedTurn):
+      return got
+    calls += got
+  return ParsedTurn(tuple(calls), content=content)
 
 
 _RECIPIENT = re.compile(r"to=([^\s<]+)")

@@ -172,6 +172,32 @@ HARMONY_TEMPLATE = r"""{{- "<|start|>system<|message|>You are ChatGPT, a large l
 {%- if add_generation_prompt %}{{- "<|start|>assistant" }}{%- endif %}
 """
 
+# A template in the style of Mistral's v11 tokenizers (Mistral Small 3.2, Magistral): each call written
+# as [TOOL_CALLS]NAME[ARGS]{...}, the tools before the last user message, no call ids.
+MISTRAL_V11_TEMPLATE = r"""{%- set user_messages = messages | selectattr("role", "equalto", "user") | list %}
+{{- bos_token }}
+{%- for message in messages %}
+    {%- if message.role == "system" %}
+        {{- "[SYSTEM_PROMPT]" + message.content + "[/SYSTEM_PROMPT]" }}
+    {%- elif message.role == "user" %}
+        {%- if tools and message == user_messages[-1] %}
+            {{- "[AVAILABLE_TOOLS]" + tools | tojson + "[/AVAILABLE_TOOLS]" }}
+        {%- endif %}
+        {{- "[INST]" + message.content + "[/INST]" }}
+    {%- elif message.role == "assistant" %}
+        {{- message.content }}
+        {%- if message.tool_calls is defined and message.tool_calls is not none %}
+            {%- for tool_call in message.tool_calls %}
+                {{- "[TOOL_CALLS]" + tool_call.function.name + "[ARGS]" + tool_call.function.arguments | tojson }}
+            {%- endfor %}
+        {%- endif %}
+        {{- eos_token }}
+    {%- elif message.role == "tool" %}
+        {{- "[TOOL_RESULTS]" + message.content + "[/TOOL_RESULTS]" }}
+    {%- endif %}
+{%- endfor %}
+"""
+
 # family -> (template, special tokens, eos token, every EOS id's token, what the template writes after
 # a turn's EOS)
 FAMILIES = {
@@ -181,10 +207,14 @@ FAMILIES = {
     "mistral": (MISTRAL_TEMPLATE, ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                                    "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]",
                                    "[/SYSTEM_PROMPT]"], "</s>", ["</s>"], ""),
+    "mistral_v11": (MISTRAL_V11_TEMPLATE, ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]",
+                                           "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+                                           "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"], "</s>", ["</s>"], ""),
     "harmony": (HARMONY_TEMPLATE, ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
                                    "<|return|>", "<|call|>"], "<|return|>", ["<|return|>", "<|call|>"], ""),
 }
-BOS = {"llama3": "<|begin_of_text|>", "mistral": "<s>"}
+BOS = {"llama3": "<|begin_of_text|>", "mistral": "<s>", "mistral_v11": "<s>"}
+FORMAT = {**{f: f for f in FAMILIES}, "mistral_v11": "mistral"}  # the parser each family's template selects
 
 
 def family_dir(root, family: str) -> str:
@@ -217,7 +247,7 @@ def conversation_of(family: str, opening: list) -> list:
   calls and results exactly as ToolEnv writes them (ids call<turn><index>)."""
   first = [call("calculator", {"expression": "7+5"}, "call00000")]
   results = [{"role": "tool", "name": "calculator", "tool_call_id": "call00000", "content": "12"}]
-  if family in ("hermes", "mistral"):
+  if family in ("hermes", "mistral", "mistral_v11"):
     first.append(call("python", {"code": "print(7 + 5)"}, "call00001"))
     results.append({"role": "tool", "name": "python", "tool_call_id": "call00001", "content": "12\n"})
   second = {"role": "assistant", "content": "Let me check." if family == "hermes" else "",
@@ -247,8 +277,8 @@ def test_episode_ids_equal_transformers_rendering(family, tools_in_template, poo
   path = family_dir(tmp_path, family)
   tok, hf_tok = load_tokenizer(path), transformers.AutoTokenizer.from_pretrained(path)
   fmt = resolve_tool_call_format(EnvConfig().tool_call_format, tok.chat_template)  # "auto": off the template
-  assert fmt == family
-  assert registry.make_env(EnvConfig(name="calculator"), WordProblemTask(), pool, tok).tool_call_format == family
+  assert fmt == FORMAT[family]
+  assert registry.make_env(EnvConfig(name="calculator"), WordProblemTask(), pool, tok).tool_call_format == fmt
   env = ToolEnv(WordProblemTask(), TOOLS, pool, tokenizer=tok, tool_call_format=fmt,
                 tools_in_template=tools_in_template)
   template_vars = {"tools": [t.schema() for t in TOOLS]} if tools_in_template else {}
@@ -297,6 +327,11 @@ def test_parsers_read_each_familys_syntax():
                        '"id": "abcDEF123"}]', TOOLS, "json", "mistral")
   assert parsed.calls == (ToolCall("calculator", {"expression": "7+5"}, "abcDEF123"),)
   assert parsed.content == "Sure."
+  # Mistral's v11 form: each call after its own [TOOL_CALLS], with or without [CALL_ID] and [ARGS].
+  parsed = parse_calls('Sure.[TOOL_CALLS]calculator[ARGS]{"expression": "7+5"}[TOOL_CALLS]python[CALL_ID]'
+                       'abcDEF123[ARGS]{"code": "1"}', TOOLS, "json", "mistral")
+  assert parsed.calls == (calc, ToolCall("python", {"code": "1"}, "abcDEF123")) and parsed.content == "Sure."
+  assert parse_calls('[TOOL_CALLS]calculator{"expression": "7+5"}', TOOLS, "json", "mistral").calls == (calc,)
   # Harmony: the recipient in the channel (as the brief form writes it) or in the header; analysis
   # is the thinking; the final channel is the content.
   for text in ['<|start|>assistant<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>'
@@ -321,6 +356,10 @@ def test_parsers_read_each_familys_syntax():
     ("mistral", '[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "7+5"}}', "malformed_call"),
     ("mistral", "[TOOL_CALLS][]", "malformed_call"),
     ("mistral", '[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": 7}}]', "bad_arguments"),
+    ("mistral", '[TOOL_CALLS]calculator[ARGS]{"expression": "7+5"', "malformed_call"),
+    ("mistral", '[TOOL_CALLS]calculator[ARGS]{"expression": "7+5"} done', "malformed_call"),
+    ("mistral", '[TOOL_CALLS]search[ARGS]{"q": "x"}', "unknown_tool"),
+    ("mistral", '[TOOL_CALLS][ARGS]{"expression": "7+5"}', "malformed_call"),
     ("harmony", '<|channel|>commentary to=functions.calculator json<|message|>{"expression": ', "malformed_call"),
     ("harmony", '<|channel|>commentary to=browser.search<|message|>{"q": "x"}<|call|>', "unknown_tool"),
     ("harmony", '<|channel|>commentary to=functions.search<|message|>{"q": "x"}<|call|>', "unknown_tool"),
@@ -332,7 +371,7 @@ def test_bad_calls_of_each_family_get_their_status(fmt, text, status):
 
 
 def test_the_family_is_read_off_the_template_or_set_in_the_config(tmp_path):
-  assert [detect_tool_call_format(FAMILIES[f][0]) for f in FAMILIES] == list(FAMILIES)
+  assert [detect_tool_call_format(FAMILIES[f][0]) for f in FAMILIES] == [FORMAT[f] for f in FAMILIES]
   assert detect_tool_call_format(None) == "hermes"  # no template: SmolLM2's documented <tool_call>
   assert detect_tool_call_format("{{ messages[0].content }}") == "hermes"
   assert resolve_tool_call_format("mistral", LLAMA31_TEMPLATE) == "mistral"  # the config's choice wins
