@@ -11,8 +11,9 @@ template's text, `detect_tool_call_format`):
   message's content.
 - "llama3" (Llama 3.1 / 3.2 / 3.3's templates for custom tools): the whole assistant message is the
   call, `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`; several calls are
-  separated by ";" (vLLM's llama3_json reading). A message that does not start with "{" or the tag
-  is the final answer.
+  separated by ";" (vLLM's llama3_json reading). The built-in tools' form of Meta's template,
+  `<|python_tag|>NAME.call(key="value")`, is one call too. A message that does not start with "{"
+  or the tag is the final answer.
 - "mistral" (Mistral v3 templates: Mistral-7B-Instruct-v0.3, Mistral-Nemo, Small): `[TOOL_CALLS]`
   then a JSON list `[{"name": ..., "arguments": {...}, "id": ...}]`; the text before it is content.
   Templates of v11 tokenizers and later (Mistral Small 3.2, Magistral, Devstral) write each call as
@@ -37,6 +38,7 @@ or stray tag, no name), "unknown_tool", "bad_arguments" (missing, unknown or mis
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -174,10 +176,13 @@ def parse_json_calls(text: str, tools: Sequence[Tool]) -> ParsedTurn:
 
 def parse_llama3_calls(text: str, tools: Sequence[Tool]) -> ParsedTurn:
   """The calls of a turn in Llama 3.1's syntax: the message is `{"name": ..., "parameters": ...}`
-  (after `<|python_tag|>` or not), several separated by ";"."""
+  (after `<|python_tag|>` or not), several separated by ";"; or, the built-in tools' form (Meta's
+  template for `builtin_tools`), `<|python_tag|>NAME.call(key="value", ...)`."""
   body = text.strip()
   if body.startswith(PYTHON_TAG):
     body = body[len(PYTHON_TAG):].strip()
+    if not body.startswith("{"):
+      return _llama3_builtin_call(body, {t.name: t for t in tools})
   elif not body.startswith("{"):
     return ParsedTurn((), content=body)
   by_name, decoder, calls, pos = {t.name: t for t in tools}, json.JSONDecoder(), [], 0
@@ -198,6 +203,25 @@ def parse_llama3_calls(text: str, tools: Sequence[Tool]) -> ParsedTurn:
     pos = len(body) - len(rest) + 1
     while pos < len(body) and body[pos].isspace():
       pos += 1
+
+
+def _llama3_builtin_call(body: str, by_name: dict[str, Tool]) -> ParsedTurn:
+  """`NAME.call(key="value", ...)`: one call, its arguments Python literals by keyword."""
+  try:
+    tree = ast.parse(body, mode="eval").body
+  except SyntaxError as e:
+    return _bad("malformed_call", f"{PYTHON_TAG} is followed by neither JSON nor NAME.call(...): {e.msg}")
+  if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Attribute) and tree.func.attr == "call"
+          and isinstance(tree.func.value, ast.Name)):
+    return _bad("malformed_call", f"{PYTHON_TAG} is followed by neither JSON nor NAME.call(...): {body[:40]!r}")
+  if tree.args or any(k.arg is None for k in tree.keywords):
+    return _bad("malformed_call", f"{tree.func.value.id}.call takes its arguments by keyword only")
+  try:
+    arguments = {k.arg: ast.literal_eval(k.value) for k in tree.keywords}
+  except ValueError:
+    return _bad("malformed_call", f"the arguments of {tree.func.value.id}.call are not literals")
+  got = _calls_of([{"name": tree.func.value.id, "parameters": arguments}], by_name, "parameters")
+  return got if isinstance(got, ParsedTurn) else ParsedTurn(tuple(got))
 
 
 _V11_CALL = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?(?:\[ARGS\])?")

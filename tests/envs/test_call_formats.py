@@ -96,6 +96,20 @@ LLAMA31_TEMPLATE = r"""{{- bos_token }}
 {%- endif %}
 """
 
+# The same, every tool written as Meta's template writes its built-in tools (`builtin_tools`):
+# <|python_tag|>NAME.call(key="value", ...) and <|eom_id|>.
+LLAMA31_BUILTIN_TEMPLATE = LLAMA31_TEMPLATE.replace('''        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}''', '''        {{- '<|python_tag|>' + tool_call.name + '.call(' }}
+        {%- for arg_name, arg_val in tool_call.arguments | items %}
+            {{- arg_name + '="' + arg_val + '"' }}
+            {%- if not loop.last %}{{- ", " }}{%- endif %}
+        {%- endfor %}
+        {{- ")<|eom_id|>" }}''')
+assert LLAMA31_BUILTIN_TEMPLATE != LLAMA31_TEMPLATE
+
 # Mistral's v3 template (Mistral-7B-Instruct-v0.3), the system prompt as the v7 templates write it:
 # tools before the last user message, calls as "[TOOL_CALLS] [...]" with 9-character ids, results
 # as [TOOL_RESULTS] with the call's id; no generation prompt.
@@ -207,14 +221,17 @@ FAMILIES = {
     "mistral": (MISTRAL_TEMPLATE, ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                                    "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]",
                                    "[/SYSTEM_PROMPT]"], "</s>", ["</s>"], ""),
+    "llama3_builtin": (LLAMA31_BUILTIN_TEMPLATE, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                                                  "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"], "<|eot_id|>",
+                       ["<|eot_id|>", "<|eom_id|>"], ""),
     "mistral_v11": (MISTRAL_V11_TEMPLATE, ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]",
                                            "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
                                            "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"], "</s>", ["</s>"], ""),
     "harmony": (HARMONY_TEMPLATE, ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
                                    "<|return|>", "<|call|>"], "<|return|>", ["<|return|>", "<|call|>"], ""),
 }
-BOS = {"llama3": "<|begin_of_text|>", "mistral": "<s>", "mistral_v11": "<s>"}
-FORMAT = {**{f: f for f in FAMILIES}, "mistral_v11": "mistral"}  # the parser each family's template selects
+BOS = {"llama3": "<|begin_of_text|>", "llama3_builtin": "<|begin_of_text|>", "mistral": "<s>", "mistral_v11": "<s>"}
+FORMAT = {**{f: f for f in FAMILIES}, "llama3_builtin": "llama3", "mistral_v11": "mistral"}  # the parser each family's template selects
 
 
 def family_dir(root, family: str) -> str:
@@ -320,6 +337,8 @@ def test_parsers_read_each_familys_syntax():
   two = parse_calls('<|python_tag|>{"name": "calculator", "parameters": {"expression": "7+5"}}; '
                     '{"name": "python", "parameters": {"code": "1"}}', TOOLS, "json", "llama3")
   assert two.calls == (calc, ToolCall("python", {"code": "1"}))
+  # Meta's built-in tools' form.
+  assert parse_calls('<|python_tag|>calculator.call(expression="7+5")', TOOLS, "json", "llama3").calls == (calc,)
   final = parse_calls("The answer is 12.", TOOLS, "json", "llama3")
   assert (final.calls, final.status, final.content) == ((), "", "The answer is 12.")
   # Mistral: [TOOL_CALLS] and a list, the model's ids kept, the text before it the content.
@@ -349,7 +368,11 @@ def test_parsers_read_each_familys_syntax():
 
 @pytest.mark.parametrize("fmt,text,status", [
     ("llama3", '{"name": "calculator", "parameters": {"expression": "7+5"}', "malformed_call"),
-    ("llama3", '<|python_tag|>calculator.call(expression="7+5")', "malformed_call"),
+    ("llama3", '<|python_tag|>print(7 + 5)', "malformed_call"),
+    ("llama3", '<|python_tag|>calculator.call("7+5")', "malformed_call"),
+    ("llama3", '<|python_tag|>calculator.call(expression=x)', "malformed_call"),
+    ("llama3", '<|python_tag|>search.call(q="x")', "unknown_tool"),
+    ("llama3", '<|python_tag|>calculator.call(expression=7)', "bad_arguments"),
     ("llama3", '{"name": "calculator", "parameters": {"expression": "7+5"}} and more', "malformed_call"),
     ("llama3", '{"name": "search", "parameters": {"q": "x"}}', "unknown_tool"),
     ("llama3", '{"name": "calculator"}', "bad_arguments"),
