@@ -118,8 +118,13 @@ def equal_to(reference: str, workdir: str) -> tuple[bool, str]:
   la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
   if len(la) != len(lb) or any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)):
     return False, "final params differ"
-  if metrics(reference) != metrics(workdir):
-    return False, "metrics.jsonl differs"
+  ma, mb = metrics(reference), metrics(workdir)
+  if ma != mb:
+    if len(ma) != len(mb):
+      return False, f"metrics.jsonl differs: {len(mb)} rows against {len(ma)}"
+    step, key = next((ra.get("step"), k) for ra, rb in zip(ma, mb) if ra != rb
+                     for k in sorted(set(ra) | set(rb)) if ra.get(k) != rb.get(k))
+    return False, f"metrics.jsonl differs: first at step {step}, {key}"
   return True, "final params and metrics bitwise equal"
 
 

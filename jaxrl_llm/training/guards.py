@@ -47,13 +47,24 @@ class SignalGuard:
     self.cfg, self.log = cfg, log
     self.failing = self.flat = self.all_failed = 0  # consecutive steps of each condition
 
-  def update(self, step: int, metrics: dict) -> None:
-    """Counts the step's conditions; warns (console and metrics['signal/warning']) or stops."""
+  def replay(self, history) -> None:
+    """The counters after a resumed run's earlier steps (their metrics rows, in order), as the
+    uninterrupted run has them: a resume warns and stops at the same steps."""
+    for metrics in history:
+      self._count(metrics)
+
+  def _count(self, metrics: dict) -> tuple[float, float]:
     c = self.cfg
     fail, flat = float(metrics["signal/failure_rate"]), float(metrics["signal/zero_adv_groups"])
     self.failing = self.failing + 1 if fail > c.max_failure_rate else 0
     self.flat = self.flat + 1 if flat > c.max_zero_adv_groups else 0
     self.all_failed = self.all_failed + 1 if fail >= 1.0 else 0
+    return fail, flat
+
+  def update(self, step: int, metrics: dict) -> None:
+    """Counts the step's conditions; warns (console and metrics['signal/warning']) or stops."""
+    c = self.cfg
+    fail, flat = self._count(metrics)
     if c.stop_after_failed_steps and self.all_failed >= c.stop_after_failed_steps:
       raise NoSignalError(f"the reward function failed (raised or timed out) on every sample for "
                           f"{self.all_failed} steps in a row (up to step {step}): the run learns nothing. Check "

@@ -295,6 +295,7 @@ class Trainer:
     -> (the final state, every step's metrics: a resumed run's earlier steps first)."""
     cfg = self.cfg
     guard = SignalGuard(cfg.guard, self.log)
+    guard.replay(history)  # a resumed run's earlier steps: the consecutive counts go on
     rollouts = None
 
     def step_fn(state):

@@ -143,12 +143,14 @@ def _check_against_transformers(hf_dir, ref, ref_tok):
         f"({diff.max() / tol:.2f} of it; mean {diff.mean():.3g}), logit std {ref32[mask].std():.3g}")
   assert diff.max() <= tol and diff.mean() <= tol / 10
   assert ref32[mask].std() > 1.0
-  # Against transformers' float64: our f32 error within the tolerance too, and no bigger than twice
-  # transformers' own f32 error.
+  # Against transformers' float64: our f32 error within the tolerance too, and of the order of
+  # transformers' own f32 error. Their ratio depends on the CPU's vector units (the reduction order
+  # of XLA's and torch's kernels): SmolLM2 gave at most 2x on a CPU with AVX-512 and 2.5x (2.33e-4
+  # against 9.26e-5) on one without; 4x leaves room for both and still fails a systematic error.
   ref64 = _torch_logits(copy.deepcopy(ref).double(), tokens, mask, positions)
   ours_err, theirs_err = np.abs(ours - ref64)[mask].max(), np.abs(ref32 - ref64)[mask].max()
   print(f"max abs error against float64: ours {ours_err:.3g}, transformers f32 {theirs_err:.3g}")
-  assert ours_err <= tol and ours_err <= 2 * theirs_err
+  assert ours_err <= tol and ours_err <= 4 * theirs_err
 
   sampling = SamplingConfig(temperature=0.0, max_new_tokens=NEW_TOKENS, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
   rollout = generate(params, cfg, jnp.asarray(tokens), jnp.asarray(mask), sampling, jax.random.key(0))

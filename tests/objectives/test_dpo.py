@@ -157,9 +157,10 @@ def test_short_run_raises_the_implicit_reward_margin(tmp_path, quiet_log):
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   margin = [r["train/margin"] for r in rows]
   acc = [r["train/accuracy"] for r in rows]
-  # Step 1's stats are those of the initial params: pi = pi_ref, every margin exactly 0 (a tie, not correct).
-  assert margin[0] == 0.0 and acc[0] == 0.0
-  assert summary["eval_margin_start"] == 0.0 and summary["eval_accuracy_start"] == 0.0
+  # Step 1's stats are those of the initial params: pi = pi_ref, every margin 0 up to the rounding of
+  # two programs' sums of log-probs (the update's forward and the reference's recompute; bitwise 0 on a
+  # CPU with AVX-512, -1.5e-8 on one without). The accuracy of such ties is a coin toss: not asserted.
+  assert abs(margin[0]) < 1e-6 and abs(summary["eval_margin_start"]) < 1e-6
   assert margin[-1] > margin[len(margin) // 2] > 0.0, margin
   assert acc[-1] >= 0.9, acc
   np.testing.assert_allclose(rows[-1]["train/chosen"] - rows[-1]["train/rejected"], margin[-1], rtol=1e-6)
