@@ -58,6 +58,12 @@ def exact_logprobs(params, model_cfg, sampling_cfg, rows: RolloutBatch, *, impl:
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
 
 
+@jax.jit
+def _set_rows(x_BR, idx_N, rows_NR):
+  """x_BR with rows idx_N replaced by rows_NR (a repeated index: the same row again)."""
+  return x_BR.at[idx_N].set(rows_NR)
+
+
 def exact_static(model_cfg, sampling_cfg, *, impl: str, shards: int) -> dict:
   """The static arguments of `exact_logprobs`' program (model/invariant.rowwise_logprobs on params cast
   to the sampler's dtype): what the engine runs and the compile command lowers (tpu/programs.py)."""
@@ -107,7 +113,7 @@ class ExactEngine:
     """(`batch` with each row's tokens those of the trainer's distribution for its uniforms, their log
     mu) (sampling/verify.py): the row-wise program's log-probs and hidden states of each chunk of rows,
     the draws from those states; the rows that differ re-drawn from their first differing token, and
-    their chunks computed again, until none differs."""
+    computed again, until none differs."""
     s = self.sampler
     cfg, model_cfg = s.sampling_cfg, sampler_model_config(s.model_cfg, s.sampling_cfg)
     params = cast_params(s.params, cfg.dtype)
@@ -116,23 +122,24 @@ class ExactEngine:
     static = exact_static(s.model_cfg, cfg, impl=self.impl, shards=shards)
     keys_BR = verify.step_key_data(key, jnp.arange(B, dtype=jnp.int32), R)
 
-    def run(i):  # chunk i: (log mu, draws on the host)
-      args = self._placed(tuple(a[i:i + chunk] for a in (batch.prompt_BP, batch.prompt_mask_BP, batch.tokens_BR,
-                                                         batch.context_BR, batch.mask_BR, keys_BR)))
+    def run(idx):  # rows idx: (their log mu on the device, their draws on the host)
+      args = self._placed(tuple(a[idx] for a in (batch.prompt_BP, batch.prompt_mask_BP, batch.tokens_BR,
+                                                 batch.context_BR, batch.mask_BR)) + (keys_BR[idx],))
       logp, hidden = rowwise_logprobs(params, *args[:5], **static)
       hidden = self._placed(hidden)  # in the rows' sharding, as the plan lowers the draws (tpu/programs.py)
-      return logp, sharding_lib.fetch(verify.head_draws(params, hidden, args[4], args[5], model_cfg=model_cfg, cfg=cfg,
-                                                        shards=shards))
+      return logp, np.asarray(sharding_lib.fetch(verify.head_draws(params, hidden, args[4], args[5],
+                                                                   model_cfg=model_cfg, cfg=cfg, shards=shards)))
 
     ended = np.array([n == R or verify.forced_end(row, n - 1, cfg) is not None
                       for row, n in zip(batch.tokens_BR, batch.length_B)])
     if not ended.all():  # a row the decode's rules would have continued: not a proposal to verify
       raise ValueError(f"rollout.exact: rows {np.flatnonzero(~ended).tolist()} end before {R} tokens without an "
                        "end-of-sequence or stop token")
-    parts = {i: run(i) for i in range(0, B, chunk)}
+    parts = [run(np.arange(i, i + chunk)) for i in range(0, B, chunk)]
+    logp_BR = parts[0][0] if len(parts) == 1 else jnp.concatenate([p[0] for p in parts])
+    draws_BR = np.concatenate([p[1] for p in parts])
     accepted = np.zeros(B, np.int64)  # per row: the tokens verified so far
     while True:
-      draws_BR = np.concatenate([np.asarray(parts[i][1]) for i in sorted(parts)])
       bad_BR = batch.mask_BR & (draws_BR != batch.tokens_BR)
       rows = np.flatnonzero(bad_BR.any(axis=1))
       if not rows.size:
@@ -145,9 +152,16 @@ class ExactEngine:
       self.counts["exact/verify_rounds"] += 1
       self.counts["exact/redrawn_rows"] += rows.size
       batch = self._redrawn(batch, rows, first, draws_BR, key, params, model_cfg)
-      parts.update({i: run(i) for i in sorted({int(r) // chunk * chunk for r in rows})})
-    logps = [parts[i][0] for i in sorted(parts)]
-    return batch, logps[0] if len(logps) == 1 else jnp.concatenate(logps)
+      # Only the redrawn rows again (each row's numbers are its own: model/invariant.py), padded with
+      # copies of the first to a power of two (few compiled shapes), at least one per batch shard.
+      idx = np.concatenate([rows, np.full(max(1 << (rows.size - 1).bit_length(), shards) - rows.size, rows[0])])
+      logp_n, draws_n = run(idx)
+      draws_BR[idx] = draws_n
+      mesh = None if s.batch_sharding is None else s.batch_sharding.mesh
+      at = np.asarray(idx, np.int32) if mesh is None else sharding_lib.put(np.asarray(idx, np.int32),
+                                                                            sharding_lib.replicated(mesh))
+      logp_BR = _set_rows(logp_BR, at, logp_n)
+    return batch, logp_BR
 
   def _placed(self, args):
     s = self.sampler
