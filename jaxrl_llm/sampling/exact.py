@@ -58,6 +58,11 @@ def exact_logprobs(params, model_cfg, sampling_cfg, rows: RolloutBatch, *, impl:
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
 
 
+def _padded(n: int, shards: int) -> int:
+  """Rows to run n rows in: the next power of two (few compiled shapes), a multiple of `shards`."""
+  return -(-max(1 << (n - 1).bit_length(), shards) // shards) * shards
+
+
 @jax.jit
 def _set_rows(x_BR, idx_N, rows_NR):
   """x_BR with rows idx_N replaced by rows_NR (a repeated index: the same row again)."""
@@ -153,8 +158,8 @@ class ExactEngine:
       self.counts["exact/redrawn_rows"] += rows.size
       batch = self._redrawn(batch, rows, first, draws_BR, key, params, model_cfg)
       # Only the redrawn rows again (each row's numbers are its own: model/invariant.py), padded with
-      # copies of the first to a power of two (few compiled shapes), at least one per batch shard.
-      idx = np.concatenate([rows, np.full(max(1 << (rows.size - 1).bit_length(), shards) - rows.size, rows[0])])
+      # copies of the first (`_padded`).
+      idx = np.concatenate([rows, np.full(_padded(rows.size, shards) - rows.size, rows[0])])
       logp_n, draws_n = run(idx)
       draws_BR[idx] = draws_n
       mesh = None if s.batch_sharding is None else s.batch_sharding.mesh
@@ -186,9 +191,8 @@ class ExactEngine:
       sharding = self.sampler.batch_sharding
       mesh = None if sharding is None else sharding.mesh
       shards = 1 if mesh is None else sharding_lib.batch_shards(mesh)
-      # Rows padded to a power of two (few compiled shapes), at least one per batch shard, split over
-      # the batch axes as the sampler's.
-      n = max(1 << (len(idx) - 1).bit_length(), shards)
+      # The rows padded (`_padded`) and split over the batch axes as the sampler's.
+      n = _padded(len(idx), shards)
       pad = np.concatenate([np.arange(len(idx)), np.zeros(n - len(idx), np.int64)])
       args = (batch.prompt_BP[idx][pad], batch.prompt_mask_BP[idx][pad], tokens[idx][pad], keep[pad], idx[pad])
       if mesh is not None:
