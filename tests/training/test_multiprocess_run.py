@@ -28,12 +28,13 @@ from run_helpers import CHEAP_XLA_FLAGS, REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("multiprocess_run")]
 
-# The default run, shrunk: a warm start that leaves both right and wrong answers (so the groups carry
-# advantages and the updates move the weights), 2 RL steps, a checkpoint after each.
-RUN_FLAGS = ("--config=configs/gspo.py", "--config.sft.steps=60", "--config.sft.lr=0.005", "--config.task.digits=1",
-             "--config.train.steps=2", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=4",
-             "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1",
-             "--config.log.dump_steps=(2,)")
+# The default run, shrunk: 2 RL steps, a checkpoint after each, from the shared warm start (`warm`).
+RUN_FLAGS = ("--config=configs/gspo.py", "--config.task.digits=1", "--config.train.steps=2",
+             "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=4", "--config.eval.n_examples=16",
+             "--config.log.progress=False", "--config.checkpoint.every_steps=1", "--config.log.dump_steps=(2,)")
+# The warm start: 60 SFT steps that leave both right and wrong answers, so the groups carry advantages
+# and the updates move the weights.
+WARM_SFT = ("--config.sft.steps=60", "--config.sft.lr=0.005")
 # The wall-clock fields of a metrics row (the rest must agree).
 CLOCK = ("time/", "perf/", "engine/export_s", "engine/reload_s", "engine/sync_s")
 # XLA:CPU ends a collective whose threads have not all arrived within 40 s by default: on 2 loaded
@@ -141,11 +142,28 @@ def _assert_same_dump(got_dir, want_dir, step: int):
   assert i_got == i_want
 
 
+def _warm_start(tmp_path_factory, name: str, base: tuple[str, ...]) -> tuple[str, ...]:
+  """The flags that start a run of `base` from one shared warm start: its SFT steps run once, as one
+  process of one device (`train.steps=0`), and every run of a test loads the params
+  (`init_checkpoint`, `sft.steps=0`) instead of repeating the warm start in each of its processes.
+  The runs compared still start from the same params; what the warm start itself does in several
+  processes is the teacher test's (its hint warm start runs in each run)."""
+  workdir = tmp_path_factory.mktemp(name) / "run"
+  base = tuple(f for f in base if not f.startswith("--config.log.dump_steps="))  # (no step to dump)
+  _run(workdir, 1, 1, base=base, flags=("--config.train.steps=0",))
+  return (f"--config.init_checkpoint={workdir}", "--config.sft.steps=0")
+
+
 @pytest.fixture(scope="session")  # once per worker: a module scope is set up again after another module's test
-def single_process(tmp_path_factory):
+def warm(tmp_path_factory) -> tuple[str, ...]:
+  return _warm_start(tmp_path_factory, "warm", (*RUN_FLAGS, *WARM_SFT))
+
+
+@pytest.fixture(scope="session")
+def single_process(tmp_path_factory, warm):
   """The reference: one process, 2 devices, the same mesh (data = 2)."""
   workdir = tmp_path_factory.mktemp("single") / "run"
-  _run(workdir, 1, 2)
+  _run(workdir, 1, 2, flags=warm)
   rows = _metrics(workdir)
   assert any(r["grad/norm"] > 0 for r in rows)  # the groups carried advantages: the updates moved the weights
   assert rows[-1]["kl/ref"] > 0
@@ -159,10 +177,10 @@ OVERLAP = ("--config.rollout.overlap=True", "--config.rollout.staleness=1", "--c
 
 
 @pytest.fixture(scope="session")
-def single_process_overlap(tmp_path_factory):
+def single_process_overlap(tmp_path_factory, warm):
   """The reference of the overlapped runs: one process, 2 devices, `rollout.overlap` (its thread)."""
   workdir = tmp_path_factory.mktemp("single_overlap") / "run"
-  _run(workdir, 1, 2, flags=OVERLAP)
+  _run(workdir, 1, 2, flags=(*warm, *OVERLAP))
   rows = _metrics(workdir)
   assert [r["rollout/version_lag_mean"] for r in rows] == [0, 1, 1]  # step s sampled theta_{max(s-1, 0)}
   return workdir
@@ -174,20 +192,20 @@ def _made_ahead(workdir) -> list[float]:
     return [json.loads(line).get("time/rollout_ahead_s", 0.0) for line in f if line.strip()]
 
 
-def test_two_processes_run_the_single_process_run(tmp_path, single_process):
+def test_two_processes_run_the_single_process_run(tmp_path, warm, single_process):
   workdir = tmp_path / "run"
-  logs = _run(workdir, 2, 1)
+  logs = _run(workdir, 2, 1, flags=warm)
   assert "[process 1/2]" in logs[1]  # a multi-process run's lines say which process speaks
   _assert_same_run(workdir, single_process)
   # The run's files are process 0's: one metrics row per step, not one per process.
   assert len(_metrics(workdir)) == 2
 
 
-def test_a_killed_process_ends_the_run_and_one_process_resumes_it(tmp_path, single_process):
+def test_a_killed_process_ends_the_run_and_one_process_resumes_it(tmp_path, warm, single_process):
   workdir = tmp_path / "run"
   # Process 1 is killed (SIGKILL: nothing flushed) in the second step's update, after step 1's checkpoint.
   t0 = time.time()
-  (code0, log0), (code1, _) = _finish(_launch(workdir, 2, 1, faults={1: "update:2:kill"}))
+  (code0, log0), (code1, _) = _finish(_launch(workdir, 2, 1, flags=warm, faults={1: "update:2:kill"}))
   assert code1 == -signal.SIGKILL
   assert code0 != 0, log0[-3000:]
   # The survivor stops on its own: gloo's broken connection or the missed heartbeats (20 s here).
@@ -195,28 +213,30 @@ def test_a_killed_process_ends_the_run_and_one_process_resumes_it(tmp_path, sing
   assert not os.path.exists(os.path.join(workdir, "summary.json"))
   # The same command, now one process of 2 devices, resumes the two processes' checkpoint (resharded
   # onto its own devices) and ends with the uninterrupted run.
-  log = _run(workdir, 1, 2)[0]
+  log = _run(workdir, 1, 2, flags=warm)[0]
   assert "resum" in log.lower(), log[-3000:]
   _assert_same_run(workdir, single_process)
 
 
-def test_sigterm_to_one_process_in_the_warm_start_stops_both_after_the_same_step(tmp_path, single_process):
-  """SIGTERM to process 1 alone, in the middle of the warm start: both processes finish the warm start
-  and the first RL step, save it and exit 143 together (JAX's preemption sync point, not each
-  process's own flag); the same command resumes to the uninterrupted run."""
+def test_sigterm_to_one_process_before_the_first_step_stops_both_after_the_same_step(tmp_path, warm,
+                                                                                      single_process):
+  """SIGTERM to process 1 alone, in the evaluation before the first RL step (where JAX's preemption
+  notifier, installed when the process joined, holds the signal, as in a warm start): both processes
+  finish the evaluation and the first RL step, save it and exit 143 together (JAX's preemption sync
+  point, not each process's own flag); the same command resumes to the uninterrupted run."""
   workdir = tmp_path / "run"
-  results = _finish(_launch(workdir, 2, 1, faults={1: "sft_step:5:term"}))
+  results = _finish(_launch(workdir, 2, 1, flags=warm, faults={1: "eval:1:term"}))
   for code, log in results:
     assert code == 128 + signal.SIGTERM, log[-3000:]
     assert "stopped by SIGTERM after step 1" in log, log[-3000:]
   assert sorted(d for d in os.listdir(workdir / "checkpoints") if d.isdigit()) == ["1"]
   assert [r["step"] for r in _metrics(workdir)] == [1]
-  logs = _run(workdir, 2, 1)
+  logs = _run(workdir, 2, 1, flags=warm)
   assert "resum" in logs[0].lower(), logs[0][-3000:]
   _assert_same_run(workdir, single_process)
 
 
-def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_process_overlap):
+def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, warm, single_process_overlap):
   """The reverse of the test above, with `rollout.overlap`: one process (2 devices, its background
   thread) killed in step 2's update; the same command as two processes of one device resumes its
   checkpoint, makes step 2's batch again and step 3's during step 2's update (in the trainer's
@@ -224,7 +244,7 @@ def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, single_proces
   workdir = tmp_path / "run"
   # Synchronous saves: a lone process killed right after step 1's save started could lose it (the
   # write in flight), and the rerun would start over instead of resuming.
-  sync = ("--config.checkpoint.async_save=False", *OVERLAP)
+  sync = ("--config.checkpoint.async_save=False", *warm, *OVERLAP)
   ((code, _),) = _finish(_launch(workdir, 1, 2, flags=sync, faults={0: "update:2:kill"}))
   assert code == -signal.SIGKILL
   assert [d for d in os.listdir(workdir / "checkpoints") if d.isdigit()] == ["1"]  # step 1 saved, step 2 not
@@ -253,33 +273,35 @@ def test_evaluate_in_two_processes_is_the_single_process_one(tmp_path, single_pr
 
 
 # SDPO, the self-teacher: the hint warm start, the teacher's recompute and the distillation term, shrunk.
+# (the hint warm start runs in each run: the warm start's own path in several processes)
 TEACHER_FLAGS = ("--config=configs/sdpo.py", *RUN_FLAGS[1:], "--config.teacher.hint_sft_steps=20",
                  "--config.teacher.refresh_every=1")
 
 
-@pytest.mark.xdist_group("multiprocess_teacher")  # no shared fixture: may run beside the module's others
-def test_a_teacher_method_in_two_processes_is_the_single_process_run(tmp_path):
+@pytest.mark.xdist_group("multiprocess_teacher")  # may run beside the module's others
+def test_a_teacher_method_in_two_processes_is_the_single_process_run(tmp_path, warm):
   one, two = tmp_path / "one", tmp_path / "two"
-  _run(one, 1, 2, base=TEACHER_FLAGS)
-  _run(two, 2, 1, base=TEACHER_FLAGS)
+  _run(one, 1, 2, base=TEACHER_FLAGS, flags=warm)
+  _run(two, 2, 1, base=TEACHER_FLAGS, flags=warm)
   assert any(k.startswith("teacher/") for k in _metrics(one)[0])  # the teacher's terms were computed
   _assert_same_run(two, one)
 
 
-# The calculator example, shrunk: a warm start on tool demonstrations, then 2 RL steps of episodes whose
-# tool calls each process runs for its own rows only.
+# The calculator example, shrunk: 2 RL steps of episodes whose tool calls each process runs for its own
+# rows only, from a warm start on tool demonstrations (its own, shared by the two runs).
 EPISODE_FLAGS = ("--config=configs/examples/arithmetic_calculator.py", "--config.train.steps=2",
-                 "--config.sft.steps=80", "--config.sft.batch_size=32", "--config.sft.lr=0.02",
                  "--config.task.digits=1", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=2",
                  "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1",
                  "--config.log.dump_steps=(2,)")
+EPISODE_SFT = ("--config.sft.steps=80", "--config.sft.batch_size=32", "--config.sft.lr=0.02")
 
 
 @pytest.mark.xdist_group("multiprocess_episodes")  # no shared fixture: may run beside the module's others
-def test_episodes_with_a_tool_in_two_processes_are_the_single_process_run(tmp_path):
+def test_episodes_with_a_tool_in_two_processes_are_the_single_process_run(tmp_path_factory, tmp_path):
+  warm_tools = _warm_start(tmp_path_factory, "warm_tools", (*EPISODE_FLAGS, *EPISODE_SFT))
   one, two = tmp_path / "one", tmp_path / "two"
-  _run(one, 1, 2, base=EPISODE_FLAGS)
-  _run(two, 2, 1, base=EPISODE_FLAGS)
+  _run(one, 1, 2, base=EPISODE_FLAGS, flags=warm_tools)
+  _run(two, 2, 1, base=EPISODE_FLAGS, flags=warm_tools)
   rows = _metrics(one)
   assert max(r["env/observation_tokens_mean"] for r in rows) > 0  # the calculator was called and answered
   _assert_same_run(two, one)
@@ -322,21 +344,21 @@ def test_a_reward_model_in_two_processes_is_the_single_process_run(tmp_path):
 # `rollout.overlap` at staleness 1, 3 steps: process 0 drives the engine (sampling/primary_engine.py), a
 # GGUF export and a verified sync before each batch; with one process a background thread generates
 # the next batch, with two the trainer's thread during each update (training/async_rollout.py).
-ENGINE_FLAGS = (*RUN_FLAGS[:1], "--config.sft.steps=20", *RUN_FLAGS[2:], "--config.rollout.engine=openai",
+ENGINE_FLAGS = (*RUN_FLAGS, "--config.rollout.engine=openai",
                 f"--config.rollout.server.command={sys.executable} tests/sampling/fake_openai_server.py",
                 "--config.rollout.server.sync_every=1", "--config.rollout.server.backoff_s=0.01",
                 "--config.rollout.server.concurrency=4", "--config.rollout.overlap=True",
                 "--config.rollout.staleness=1", "--config.train.steps=3")
 
 
-@pytest.mark.xdist_group("multiprocess_engine")  # no shared fixture: may run beside the module's others
-def test_an_external_engine_and_overlap_in_two_processes_are_the_single_process_run(tmp_path):
+@pytest.mark.xdist_group("multiprocess_engine")  # may run beside the module's others
+def test_an_external_engine_and_overlap_in_two_processes_are_the_single_process_run(tmp_path, warm):
   """Process 0 starts the server, exports the gathered weights to it (GGUF) and verifies them, sends every
   request and broadcasts the samples; steps 2 and 3's batches are made during the previous update: the
   same run as one process (its background thread), bitwise (the engine's clocks aside)."""
   one, two = tmp_path / "one", tmp_path / "two"
-  _run(one, 1, 2, base=ENGINE_FLAGS)
-  logs = _run(two, 2, 1, base=ENGINE_FLAGS)
+  _run(one, 1, 2, base=ENGINE_FLAGS, flags=warm)
+  logs = _run(two, 2, 1, base=ENGINE_FLAGS, flags=warm)
   assert "[process 1/2]" in logs[1]
   rows = _metrics(one)
   assert [r["rollout/version_lag_mean"] for r in rows] == [0, 1, 1]  # step s sampled theta_{max(s-1, 0)}
