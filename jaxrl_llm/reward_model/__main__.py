@@ -58,8 +58,8 @@ def main(argv):
     raise SystemExit(128 + 15) from None  # the conventional status of a SIGTERM
   print(json.dumps(summary, indent=2))
   what = "step" if cfg.process else "pairwise"
-  extra = (f", first wrong step found in {summary['eval_first_error_accuracy_end']:.3f} of solutions"
-           if cfg.process else "")
+  extra = (f", first wrong step found in {summary['eval_first_error_accuracy_end']:.3f} of solutions, "
+           f"ProcessBench F1 {summary['eval_processbench_f1_end']:.3f}" if cfg.process else "")
   if cfg.dpo_run:  # the implicit reward beta log(pi / pi_ref): its margin starts at 0 (pi = pi_ref)
     extra = f", implicit reward margin {summary['eval_margin_start']:.3f} -> {summary['eval_margin_end']:.3f}"
   print(f"held-out {what} accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "

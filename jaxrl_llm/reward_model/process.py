@@ -207,7 +207,11 @@ class StepStats:
   is its first step labelled bad (none: all good); `first_error_accuracy`
   is the share of solutions whose predicted earliest error is the labelled
   one (ProcessBench's criterion, Zheng et al. 2024): the cumulative products
-  of labels and of predictions agree at every step.
+  of labels and of predictions agree at every step. ProcessBench reports it
+  apart on the solutions with an error (`error_accuracy`: the earliest one
+  found) and on those without (`correct_accuracy`: no error predicted), and
+  their harmonic mean `processbench_f1` = 2 a_e a_c / (a_e + a_c) (0 when
+  both are 0, or when a set is empty).
   """
 
   n: jax.Array  # [] labelled steps
@@ -216,6 +220,8 @@ class StepStats:
   good: jax.Array  # [] steps labelled good
   solutions: jax.Array  # [] rows with a labelled step
   first_error: jax.Array  # [] rows whose earliest error is predicted right
+  erroneous: jax.Array  # [] rows with a step labelled bad
+  erroneous_found: jax.Array  # [] of those, rows whose earliest error is predicted right
   bin_n_K: jax.Array
   bin_conf_K: jax.Array
   bin_correct_K: jax.Array
@@ -227,10 +233,16 @@ class StepStats:
     s = jax.tree.map(lambda a: np.asarray(a, np.float64), self)
     n, m = float(s.n), float(s.solutions)
     if n == 0:
-      return {"accuracy": 0.0, "p_good": 0.0, "good_share": 0.0, "first_error_accuracy": 0.0, "ece": 0.0}
+      return {"accuracy": 0.0, "p_good": 0.0, "good_share": 0.0, "first_error_accuracy": 0.0, "ece": 0.0,
+              "error_accuracy": 0.0, "correct_accuracy": 0.0, "processbench_f1": 0.0}
+    m_err, found_err = float(s.erroneous), float(s.erroneous_found)
+    m_ok, found_ok = m - m_err, float(s.first_error) - found_err
+    a_err, a_ok = found_err / max(m_err, 1.0), found_ok / max(m_ok, 1.0)
     return {"accuracy": float(s.correct) / n, "p_good": float(s.p_good) / n, "good_share": float(s.good) / n,
             "first_error_accuracy": float(s.first_error) / max(m, 1.0),
-            "ece": float(np.sum(np.abs(s.bin_correct_K - s.bin_conf_K))) / n}
+            "ece": float(np.sum(np.abs(s.bin_correct_K - s.bin_conf_K))) / n,
+            "error_accuracy": a_err, "correct_accuracy": a_ok,
+            "processbench_f1": 2 * a_err * a_ok / (a_err + a_ok) if a_err + a_ok > 0 else 0.0}
 
 
 def step_stats(s_NT: jax.Array, label_NT: jax.Array, step_NT: jax.Array, weight_N: jax.Array,
@@ -251,8 +263,10 @@ def step_stats(s_NT: jax.Array, label_NT: jax.Array, step_NT: jax.Array, weight_
   pred_prefix = jnp.cumprod(jnp.where(on_step, pred_NT, 1.0), axis=1)
   agree_N = jnp.all(jnp.where(on_step, gold_prefix == pred_prefix, True), axis=1).astype(jnp.float32)
   has_N = jnp.any(on_step, axis=1).astype(jnp.float32) * w_N
+  err_N = jnp.any(on_step & (y_NT < 0.5), axis=1).astype(jnp.float32) * has_N
   return StepStats(n=jnp.sum(e_NT), correct=jnp.sum(e_NT * correct_NT), p_good=jnp.sum(e_NT * p_NT),
                    good=jnp.sum(e_NT * y_NT), solutions=jnp.sum(has_N), first_error=jnp.sum(has_N * agree_N),
+                   erroneous=jnp.sum(err_N), erroneous_found=jnp.sum(err_N * agree_N),
                    bin_n_K=jnp.sum(onehot_NTK, axis=(0, 1)),
                    bin_conf_K=jnp.einsum("NTK,NT->K", onehot_NTK, conf_NT),
                    bin_correct_K=jnp.einsum("NTK,NT->K", onehot_NTK, correct_NT))

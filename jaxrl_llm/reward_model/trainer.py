@@ -411,7 +411,8 @@ class RewardModelRun:
         "label_noise": cfg.data.label_noise if cfg.builtin else None,
         "eval_accuracy_start": ev_start["accuracy"], "eval_accuracy_end": ev_end["accuracy"],
         "eval_ece_end": ev_end["ece"], "eval_loss_end": ev_end["loss"],
-        **({"eval_first_error_accuracy_end": ev_end["first_error_accuracy"]} if cfg.process else
+        **({"eval_first_error_accuracy_end": ev_end["first_error_accuracy"],
+            "eval_processbench_f1_end": ev_end["processbench_f1"]} if cfg.process else
            {"eval_margin_end": ev_end["margin"]}),
         **({"eval_margin_start": ev_start["margin"], "eval_chosen_end": ev_end["chosen"],
             "eval_rejected_end": ev_end["rejected"]} if cfg.dpo_run else {}),

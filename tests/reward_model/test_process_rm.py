@@ -85,6 +85,16 @@ def test_step_stats_by_hand():
   sig = 1 / (1 + np.exp(-np.array([2.0, -1.0, 1.0, -0.5, -3.0, 0.5])))
   assert st["p_good"] == pytest.approx(sig.mean(), rel=1e-6)
   assert st["good_share"] == pytest.approx(3 / 6)
+  # ProcessBench: rows 0 and 2 have an error, both found (1.0); row 1 has none and an error was
+  # predicted (0.0); F1 = 2 * 1 * 0 / (1 + 0) = 0.
+  assert (st["error_accuracy"], st["correct_accuracy"], st["processbench_f1"]) == (1.0, 0.0, 0.0)
+  s[1, 3] = 0.5  # row 1: no error predicted now
+  st = process.step_stats(s, y, e, np.ones(3, np.float32)).summary()
+  assert (st["error_accuracy"], st["correct_accuracy"], st["processbench_f1"]) == (1.0, 1.0, 1.0)
+  s[0, 1] = -1.0  # row 0: the error predicted one step early
+  st = process.step_stats(s, y, e, np.ones(3, np.float32)).summary()
+  assert st["error_accuracy"] == pytest.approx(1 / 2) and st["correct_accuracy"] == 1.0
+  assert st["processbench_f1"] == pytest.approx(2 * 0.5 * 1.0 / 1.5)
 
 
 def test_step_ends_of_a_sampled_response():
