@@ -15,7 +15,16 @@ line is the total.
 Wrong demonstrations (`wrong_fraction`) make one step's mistake the carry
 error of the arithmetic task (`wrong_step`) and continue correctly from the
 wrong value, so the error propagates to the final answer as it would in a
-model's chain of thought.
+model's chain of thought (`errors="one"`). With `errors="every_carry"` a wrong
+demonstration instead drops the carry at every step that has one (the
+arithmetic task's systematic error, continued from the wrong value): at
+wrong_fraction > 1/2 a well-fitted warm start then drops carries when
+decoding greedily, a mistake RL against the verifier can undo. With "one",
+each step is wrong in only wrong_fraction / (n_terms - 1) of the
+demonstrations, so greedy decoding of a well-fitted model is right: what
+greedy gets wrong is what the model has not learned, and at temperature 1 a
+share of the right totals come after wrong steps (measured in
+docs/benchmarks.md), which the outcome verifier rewards alike.
 """
 
 from __future__ import annotations
@@ -89,7 +98,8 @@ class ChainTask:
   digits: int = 2  # summand size in decimal digits
   seed: int = 0  # fixes the train/eval split and the problems drawn
   eval_fraction: float = 0.1  # share of the problem space held out for eval
-  wrong_fraction: float = 0.0  # share of demonstrations with one carry error (then propagated)
+  wrong_fraction: float = 0.0  # share of demonstrations with carry errors (then propagated)
+  errors: str = "one"  # one | every_carry: the module docstring
   name: str = "chain"
 
   def __post_init__(self):
@@ -101,6 +111,8 @@ class ChainTask:
       raise ValueError(f"chain eval_fraction={self.eval_fraction} must be in (0, 1)")
     if not 0.0 <= self.wrong_fraction <= 1.0:
       raise ValueError(f"chain wrong_fraction={self.wrong_fraction} must be in [0, 1]")
+    if self.errors not in ("one", "every_carry"):
+      raise ValueError(f"chain errors={self.errors!r} must be 'one' or 'every_carry'")
 
   reward_fn = staticmethod(chain_reward)
   format_fn = staticmethod(chain_format)
@@ -110,12 +122,16 @@ class ChainTask:
     xs = [int(x) for x in rng.integers(lo, 10 ** self.digits, size=self.n_terms)]
     return "+".join(map(str, xs)) + "="
 
-  def solution(self, prompt: str, wrong_at: int | None = None) -> list[str]:
-    """The steps of a solution; with `wrong_at` = k, step k makes the carry error and the rest follow it."""
+  def solution(self, prompt: str, wrong_at: int | None = None, drop_carries: bool = False) -> list[str]:
+    """The steps of a solution; with `wrong_at` = k, step k makes the carry error and the rest follow it;
+    with `drop_carries`, every step drops its carry (if it has one) and the rest follow it."""
     t = terms(prompt)
     acc, lines = t[0], []
     for k, x in enumerate(t[1:]):
-      acc = wrong_step(acc, x) if k == wrong_at else acc + x
+      if drop_carries:
+        acc = carry_free_sum(acc, x)
+      else:
+        acc = wrong_step(acc, x) if k == wrong_at else acc + x
       lines.append(str(acc))
     return lines
 
@@ -128,7 +144,11 @@ class ChainTask:
       prompt = self.problem(rng)
       if in_eval_split(prompt, self.seed, self.eval_fraction) != want_eval:
         continue
-      wrong_at = int(rng.integers(self.n_terms - 1)) if rng.random() < self.wrong_fraction else None
-      demo = "".join(line + SEPARATOR for line in self.solution(prompt, wrong_at))
+      wrong = rng.random() < self.wrong_fraction
+      if self.errors == "every_carry":
+        steps = self.solution(prompt, drop_carries=wrong)
+      else:
+        steps = self.solution(prompt, int(rng.integers(self.n_terms - 1)) if wrong else None)
+      demo = "".join(line + SEPARATOR for line in steps)
       out.append(Example(prompt=prompt, answer=str(sum(terms(prompt))), demo=demo, tag=self.name))
     return out

@@ -12,6 +12,7 @@ from jaxrl_llm.tasks.registry import MODEL_REWARD
 
 REWARD_NORMS = ("none", "running", "group")  # data.reward_norm (reward_model/rl_reward.py)
 PROCESS_REDUCES = ("min", "prod")  # data.process_reduce (reward_model/process.py's solution_score)
+CHAIN_ERRORS = ("one", "every_carry")  # task.chain_errors (tasks/chain.py)
 TOOL_DEMO_TASKS = ("arithmetic", "countdown")  # task.tool_demos: arithmetic with the calculator, countdown with python
 
 
@@ -26,6 +27,7 @@ class TaskConfig:
   eval_fraction: float
   n_train: int
   tool_demos: bool
+  chain_errors: str = "one"
 
   def __post_init__(self):
     check_choice("config.task.name", self.name, registry.task_names())
@@ -36,6 +38,7 @@ class TaskConfig:
     check_float("config.task.eval_fraction", self.eval_fraction, 0.0, 0.5, low_open=True)
     check_int("config.task.n_train", self.n_train, 1)
     check_bool("config.task.tool_demos", self.tool_demos)
+    check_choice("config.task.chain_errors", self.chain_errors, CHAIN_ERRORS)
     if self.tool_demos and self.name not in TOOL_DEMO_TASKS:
       raise bad("config.task.tool_demos", self.tool_demos,
                 f"False for task.name={self.name!r}: the tasks with tool demonstrations are {', '.join(TOOL_DEMO_TASKS)}")

@@ -86,7 +86,7 @@ def _countdown(cfg) -> Task:
 def _chain(cfg) -> Task:
   t = cfg.task
   return ChainTask(n_terms=t.n_numbers, digits=t.digits, seed=cfg.seed, eval_fraction=t.eval_fraction,
-                   wrong_fraction=cfg.sft.wrong_fraction)
+                   wrong_fraction=cfg.sft.wrong_fraction, errors=t.chain_errors)
 
 
 def _word_problems(cfg, prompt_format: str = "instruction") -> Task:

@@ -81,6 +81,7 @@ def get_config(method: str = "gspo", name: str | None = None) -> ml_collections.
   c.task.max_number = 9  # countdown: numbers drawn from [1, max_number]; word_problems: operands from [2, max_number]
   c.task.eval_fraction = 0.2  # share of the problem space (or of the file's rows) held out for eval
   c.task.n_train = 20000  # examples in the training pool (built-in tasks; files use every row)
+  c.task.chain_errors = "one"  # chain: what a wrong demonstration (sft.wrong_fraction of them) gets wrong: one (one random step's carry error, the rest continued from it) | every_carry (every step with a carry drops it, as the arithmetic task's wrong demonstrations: a well-fitted warm start then drops carries when greedy, tasks/chain.py)
   c.task.tool_demos = False  # arithmetic: the warm start's right demonstrations call the calculator in the tag format (<calc>47+68</calc><result>115</result>115; env.name=calculator, env.call_format=tags); the wrong ones answer without it
 
   c.data = ml_collections.ConfigDict()

@@ -4,6 +4,7 @@ right partial sum), wrong demonstrations whose carry error propagates, the outco
 import pytest
 
 from jaxrl_llm.tasks.chain import ChainTask, chain_format, chain_reward, response_steps, step_labels, wrong_step
+from jaxrl_llm.tasks.split import in_eval_split, split_rng
 
 
 def test_step_labels_are_good_until_the_first_wrong_line():
@@ -27,6 +28,37 @@ def test_wrong_demonstrations_carry_their_error_to_the_answer():
     for j in range(k + 1, len(steps)):  # ... and every later line adds right from the wrong value
       assert int(steps[j]) == int(steps[j - 1]) + xs[j + 1]
     assert ex.demo.endswith("\n") and chain_reward(ex.prompt, ex.demo, ex.answer) == 0.0
+
+
+def test_every_carry_demonstrations_drop_each_carry_and_the_default_stream_is_unchanged():
+  task = ChainTask(n_terms=4, digits=1, seed=0, wrong_fraction=1.0, errors="every_carry")
+  n_carry = 0
+  for ex in task.examples("train", 60):
+    xs = [int(t) for t in ex.prompt.rstrip("=").split("+")]
+    acc = xs[0]
+    for line, x in zip(response_steps(ex.demo), xs[1:]):  # each line: the last one plus x, carry dropped
+      dropped = (acc % 10 + x) % 10 + acc // 10 * 10
+      n_carry += dropped != acc + x
+      assert int(line) == dropped, (ex.prompt, ex.demo)
+      acc = dropped
+    assert ex.demo.endswith("\n")
+  assert n_carry > 20  # the problems do have carries to drop
+  # A problem without a carry has a right demonstration even when it is a wrong one.
+  assert ChainTask(n_terms=3, digits=1).solution("1+2+3=", drop_carries=True) == ["3", "6"]
+  # errors="one" (the default) draws the same demonstrations as before the option existed: a
+  # demonstration's wrong step is drawn only for the wrong ones, after the draw that picks them.
+  task = ChainTask(n_terms=4, digits=1, seed=3, wrong_fraction=0.6)
+  a = task.examples("train", 50)
+  rng, want = split_rng(3, "train"), []
+  while len(want) < 50:  # the draws as written before the option: the problem, wrong or not, its step
+    prompt = task.problem(rng)
+    if in_eval_split(prompt, 3, task.eval_fraction):
+      continue
+    wrong_at = int(rng.integers(3)) if rng.random() < 0.6 else None
+    want.append("".join(line + "\n" for line in task.solution(prompt, wrong_at)))
+  assert [e.demo for e in a] == want and sum(chain_reward(e.prompt, e.demo, e.answer) == 0.0 for e in a) > 15
+  with pytest.raises(ValueError, match="errors='all'"):
+    ChainTask(errors="all")
 
 
 def test_reward_and_format():
