@@ -5,7 +5,11 @@ process reward model, the verifier as gold.
     python -m jaxrl_llm.train --config=configs/rlhf_process.py [--config.data.reward_model=DIR]
 
 The policy writes one running sum per line ("23+8+15=" -> "31\\n46\\n", tasks/chain.py), warm-started on
-demonstrations of which sft.wrong_fraction make one carry error and carry it on. The first command
+demonstrations of which sft.wrong_fraction drop every carry (task.chain_errors=every_carry), so the warm
+start drops carries when greedy and RL has a systematic mistake to undo. (With one random carry error
+per wrong demonstration, the default of the task, a warm start is right when greedy where it has fitted
+the data, and RL against the verifier lost greedy accuracy: at temperature 1 a third of its right totals
+came after a wrong step, and RL raised those rather than the right chains; docs/benchmarks.md.) The first command
 trains the process reward model on such solutions with their per-step labels; the second scores every
 line the policy writes with it (p_k = P(step k good) at the token closing line k,
 jaxrl_llm/training/model_reward.py) and trains with DeepSeekMath's process advantages
@@ -22,6 +26,7 @@ def get_config():
   c = _base("grpo", name="rlhf_process")
   c.task.name = "chain"
   c.task.digits, c.task.n_numbers = 1, 4  # as configs/process_reward_model.py's data.digits, n_terms
+  c.task.chain_errors = "every_carry"  # the module docstring
   c.rollout.max_response_len = 10  # three running sums of up to 2 digits, their newlines, EOS
   c.data.reward = "model"
   c.data.reward_model = "runs/prm_chain"  # the first command's --workdir
