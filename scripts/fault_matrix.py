@@ -54,6 +54,8 @@ FLAGS = ["--config=configs/gspo.py", *config_flags({
     **WARM_TINY_RUN, "train.steps": STEPS, "sft.steps": 40, "checkpoint.keep_last": 3, "eval.every": 3,
     "data.reward_timeout_s": 2.0})]
 TIMING = ("time/", "perf/tokens_per_s")
+# The runs' XLA flags: one CPU device (tests/checkpointing/test_fault_matrix.py adds the suite's cheap passes).
+XLA_FLAGS = "--xla_force_host_platform_device_count=1"
 # The asynchronous state's runs, each compared with its own uninterrupted reference: flags after FLAGS.
 # Synchronous saves: the kill in the slots lands after step 2's save has committed (an asynchronous one
 # may still be in flight, and the rerun would start over: safe, but not the case to show).
@@ -81,7 +83,7 @@ KILL_RANGES = {"sft_step": 40, "rollout": STEPS, "update": STEPS, "checkpoint_sa
 
 
 def _env(cache: str, fault: str = "") -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=XLA_FLAGS,
              JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   env.pop("JAXRL_LLM_FAULT", None)
   if fault:

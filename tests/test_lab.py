@@ -1,10 +1,19 @@
 """The method lab (python -m jaxrl_llm.lab): the grid's runs, resume after a kill, failures,
 the shared warm start, results against the cells' own files, plots, and bad input.
 
-One 2 methods x 1 mismatch x 2 seeds grid of a tiny model is run once for the module
+A 1 method x 1 mismatch x 2 seeds grid of a tiny model is run once for the module
 (killed after its first finished cell and rerun); the tests read it. The runs are
 subprocesses of the CLI on one CPU device (the fake 8-device mesh of conftest.py is
 for in-process tests; here it would only slow each run down).
+
+Its size is the least that every test below needs: two seeds (a warm start each, an
+aggregate with a standard deviation), one run at a time (the kill then always finds a
+cell done and the next one started, and no program is compiled by two runs at once;
+the failing-cell test runs two at a time), and the lab's own compilation cache
+(<out>/compile_cache, every program cached), shared by the cells as a user's sweep
+shares it. Most of a tiny cell's time is its process (imports, tracing, the cached
+programs' loading), not its steps: each cell left out is one process less. A grid
+of several methods is the failing-cell test's.
 """
 
 import json
@@ -23,7 +32,7 @@ from run_helpers import ONE_DEVICE_XLA_FLAGS
 
 from jaxrl_llm.lab import grid, results, runner
 
-METHODS, MISMATCHES, SEEDS, STEPS = "grpo,token_tis", "int4", "2", 4
+METHODS, MISMATCHES, SEEDS, STEPS = "grpo", "int4", "2", 4
 TINY_BASE = textwrap.dedent("""
     from jaxrl_llm.training.defaults import get_config as _base
 
@@ -39,16 +48,22 @@ TINY_BASE = textwrap.dedent("""
 """)
 
 
-def _env():
+def _env(cache=None):
   env = dict(os.environ)
   env["XLA_FLAGS"] = ONE_DEVICE_XLA_FLAGS
   env["JAX_PLATFORMS"] = "cpu"
+  # The lab's default cache, <out>/compile_cache with every program in it (runner.child_env), not the
+  # suite's, which skips programs compiled in under 0.3 s: a tiny cell's are, and it compiled them again.
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+  if cache:  # another sweep's: a program's cache key holds the cache's own path, so a copied cache is cold
+    env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   return env
 
 
-def _lab_argv(out, base, methods=METHODS, mismatches=MISMATCHES, seeds=SEEDS, extra=()):
+def _lab_argv(out, base, methods=METHODS, mismatches=MISMATCHES, seeds=SEEDS, jobs=1, extra=()):
   return [sys.executable, "-m", "jaxrl_llm.lab", f"--methods={methods}", f"--mismatch={mismatches}",
-          f"--seeds={seeds}", f"--steps={STEPS}", f"--out={out}", "--jobs=2", f"--config={base}",
+          f"--seeds={seeds}", f"--steps={STEPS}", f"--out={out}", f"--jobs={jobs}", f"--config={base}",
           "--eval-every=2", *extra]
 
 
@@ -83,7 +98,8 @@ def base_file(tmp_path_factory):
 @pytest.fixture(scope="session")
 def grid_dir(tmp_path_factory, base_file):
   """The grid, SIGKILLed (lab and runs) once its first cell is done and a later run has started (so
-  the kill always lands mid-run), then rerun to the end."""
+  the kill always lands mid-run: one run at a time, the next starts as the cell ends), then rerun to
+  the end."""
   out = str(tmp_path_factory.mktemp("lab") / "sweep")
   proc = subprocess.Popen(_lab_argv(out, base_file), env=_env(), start_new_session=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -125,7 +141,7 @@ def _cell_files(out, name):
 def test_kill_mid_grid_then_rerun_runs_only_the_missing_cells(grid_dir, base_file):
   out, res = grid_dir["out"], grid_dir["results"]
   names = {c["name"] for c in res["cells"]}
-  assert len(names) == 4 and res["counts"] == {"done": 4, "failed": 0, "missing": 0}
+  assert len(names) == 2 and res["counts"] == {"done": 2, "failed": 0, "missing": 0}
   first, second = _sweeps(out)
   started_again = {e["run"] for e in second if e["event"] == "start"}
   # Everything not finished before the kill ran again, and nothing that had finished.
@@ -139,7 +155,7 @@ def test_kill_mid_grid_then_rerun_runs_only_the_missing_cells(grid_dir, base_fil
   # A third run of the same command finds nothing to do.
   again = subprocess.run(_lab_argv(out, base_file), env=_env(), capture_output=True, text=True, timeout=300)
   assert again.returncode == 0, again.stderr
-  assert "0 to run, 6 already recorded" in again.stdout
+  assert "0 to run, 4 already recorded" in again.stdout
   assert not [e for e in _sweeps(out)[-1] if e["event"] == "start"]
 
 
@@ -185,7 +201,7 @@ def test_every_cell_starts_from_its_seeds_warm_start(grid_dir):
     fingerprint = runner.checkpoint_fingerprint(wd)  # its params, unchanged by the cells
     assert res["warm_starts"][f"s{seed}"]["fingerprint"] == fingerprint
     cells = [c for c in res["cells"] if c["seed"] == seed]
-    assert len(cells) == 2
+    assert len(cells) == len(METHODS.split(","))
     for c in cells:
       assert c["warm_start"] == {"run": f"warm_start/s{seed}", "fingerprint": fingerprint}
       # The same params, greedy on the same held-out set: the same start accuracy as the warm start's.
@@ -205,33 +221,40 @@ def test_plots_exist_and_are_not_blank(grid_dir):
   assert sorted(grid_dir["results"]["plots"]["curves"]) == ["curves_int4.png"]
   for p in paths:
     img = mpimg.imread(p)[..., :3]
-    assert img.shape[0] > 200 and img.shape[1] > 300
+    assert img.shape[0] > 150 and img.shape[1] > 300  # the heatmap of one method x one mismatch: 315 x 175
     assert img.std() > 0.05, p  # a blank (single-colour) image has std 0
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 50, p
 
 
 @pytest.mark.slow
 def test_a_failing_cell_is_recorded_and_the_others_finish(grid_dir, base_file, tmp_path):
+  """A method the trainer refuses added to the sweep: its cells fail, the sweep goes on and the cell
+  still to run finishes after them. That cell is the grid's grpo/int4/s1, its folder deleted (what the
+  lab tells a user to do to rerun a cell): its programs are in the grid's compilation cache, where a
+  cell of a new mismatch would compile every one of its own."""
   out = str(tmp_path / "sweep")
-  shutil.copytree(grid_dir["out"], out)  # the warm start and the finished cells are reused
-  argv = _lab_argv(out, base_file, methods="grpo@eps_low=-1,grpo", mismatches="int4,bf16", seeds="1")
-  proc = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
+  # The warm starts and grpo/int4/s0 are reused; the runs use the grid's cache, not a copy.
+  shutil.copytree(grid_dir["out"], out, ignore=shutil.ignore_patterns("compile_cache"))
+  shutil.rmtree(os.path.join(out, "cells", "grpo__int4__s1"))
+  argv = _lab_argv(out, base_file, methods="grpo@eps_low=-1,grpo", mismatches="int4", seeds="2", jobs=2)
+  env = _env(cache=os.path.join(grid_dir["out"], "compile_cache"))
+  proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
   with open(os.path.join(out, "results.json")) as f:
     res = json.load(f)
   status = {c["name"]: c for c in res["cells"]}
   assert {n: c["status"] for n, c in status.items()} == {
       "grpo__int4__s0": "done", "grpo@eps_low=-1__int4__s0": "failed",
-      "grpo__bf16__s0": "done", "grpo@eps_low=-1__bf16__s0": "failed"}
-  for name in ("grpo@eps_low=-1__int4__s0", "grpo@eps_low=-1__bf16__s0"):
+      "grpo__int4__s1": "done", "grpo@eps_low=-1__int4__s1": "failed"}
+  for name in ("grpo@eps_low=-1__int4__s0", "grpo@eps_low=-1__int4__s1"):
     assert status[name]["returncode"] == 2
     assert status[name]["error"].startswith("error: config.objective: ObjectiveConfig.eps_low=-1.0 is invalid")
   started = [e["run"] for e in _sweeps(out)[-1] if e["event"] == "start"]
-  # Only the new cells ran (the copied warm start and grpo/int4 were reused), and grpo/bf16 ran after the
-  # two failures (two runs at a time: the failing ones first, in grid order).
-  assert started == ["grpo@eps_low=-1__int4__s0", "grpo@eps_low=-1__bf16__s0", "grpo__bf16__s0"]
+  # Only the cells without a record ran (the copied warm starts and grpo/int4/s0 were reused), and
+  # grpo/int4/s1 ran after the two failures (two runs at a time: the failing ones first, in grid order).
+  assert started == ["grpo@eps_low=-1__int4__s0", "grpo@eps_low=-1__int4__s1", "grpo__int4__s1"]
   ended = [e["run"] for e in _sweeps(out)[-1] if e["event"] in ("done", "failed")]
-  assert ended[-1] == "grpo__bf16__s0" and status["grpo__bf16__s0"]["numbers"]["rl_steps"] == STEPS
+  assert ended[-1] == "grpo__int4__s1" and status["grpo__int4__s1"]["numbers"]["rl_steps"] == STEPS
   md = open(os.path.join(out, "results.md")).read()
   assert "## Failed cells" in md and "ObjectiveConfig.eps_low" in md
 
