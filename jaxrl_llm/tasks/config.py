@@ -27,7 +27,7 @@ class TaskConfig:
   eval_fraction: float
   n_train: int
   tool_demos: bool
-  chain_errors: str = "one"
+  chain_errors: str
 
   def __post_init__(self):
     check_choice("config.task.name", self.name, registry.task_names())
