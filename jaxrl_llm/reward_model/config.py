@@ -39,6 +39,8 @@ class PreferenceDataConfig:
   ops: str
   n_terms: int
   step_separator: str
+  end_step: bool
+  truncated_fraction: float
   label_noise: float
 
   def __post_init__(self):
@@ -61,6 +63,14 @@ class PreferenceDataConfig:
     check_int("config.data.n_terms", self.n_terms, 2, 6)
     if not self.step_separator:
       raise bad("config.data.step_separator", self.step_separator, "a non-empty string (it closes every step)")
+    check_bool("config.data.end_step", self.end_step)
+    check_float("config.data.truncated_fraction", self.truncated_fraction, 0.0, 1.0, high_open=True)
+    if self.truncated_fraction and not self.end_step:
+      raise bad("config.data.truncated_fraction", self.truncated_fraction,
+                "0 unless config.data.end_step=True (a cut solution differs from a whole one only at its end step)")
+    if self.truncated_fraction and self.path:
+      raise bad("config.data.truncated_fraction", self.truncated_fraction,
+                "0 with data.path (it cuts solutions of the built-in set; a file's rows say 'complete' themselves)")
     check_float("config.data.label_noise", self.label_noise, 0.0, 1.0)
     if self.label_noise and self.path:
       raise bad("config.data.label_noise", self.label_noise,
@@ -180,6 +190,9 @@ class RewardModelConfig:
         if value:
           raise bad(f"config.{field}", value, f"0 with config.objective={self.objective!r} (a Bradley-Terry "
                     "reward model's term)")
+    if not self.process and self.data.end_step:
+      raise bad("config.data.end_step", True, f"False with config.objective={self.objective!r} (a stepwise "
+                "label option: objective='process')")
     if not self.process and self.train.last_step_only:
       raise bad("config.train.last_step_only", True, f"False with config.objective={self.objective!r} (a stepwise "
                 "label option: objective='process')")

@@ -25,10 +25,26 @@ with e_nt = 1 at a labelled step end (only the last step's with
 `train.last_step_only`, TRL's train_on_last_step_only, held-out rows keep
 every step) and w_n 1 for a real row, 0 for padding.
 
+With `data.end_step` a solution has one more step, its end: the
+tokenizer's EOS after the last separator,
+
+    [BOS] prompt  step_1 sep ... step_K sep  EOS
+
+labelled good when the solution is complete and every step good (the
+outcome). A step's label says whether the answer can still be reached from
+it, so every step of a solution that stops early is good, and a PRM without
+an end step scores it as high as a whole right one: RL against its weakest
+step learns to stop after one line (measured on the chained sums,
+docs/benchmarks.md). The end step is read where the policy's EOS is
+(training/model_reward.py). A file row says `complete` (default true); the
+built-in set cuts `data.truncated_fraction` of its solutions after a random
+step before the last.
+
 The built-in set (`chain_rows`) is the chained-sum task's problems
 (tasks/chain.py), half solved right and half with one carry error that
 propagates; its gold labels are the task's `step_labels`; `data.label_noise`
-flips that share of the training labels (seeded), never the held-out ones.
+flips that share of the training labels (seeded), never the held-out ones
+(an end label follows its row's labels, flipped or not).
 """
 
 from __future__ import annotations
@@ -57,6 +73,11 @@ class StepRow:
   completions: tuple[str, ...]  # the steps, without separators
   labels: tuple[bool, ...]  # one per step: True = good
   where: str = ""  # "file:line" (or "built-in") for error messages
+  complete: bool = True  # the solution reaches its final answer (False: stopped early); read with data.end_step
+
+  def end_label(self) -> bool:
+    """The end step's label (module docstring): complete, and every step good."""
+    return self.complete and all(self.labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +117,12 @@ def row_from_dict(row: dict, where: str) -> StepRow:
   if len(labels) != len(steps):
     raise ConfigError(f"{where}: field 'labels' has {len(labels)} entries for {len(steps)} completions: allowed "
                       "one label per step")
-  return StepRow(prompt=prompt, completions=tuple(steps), labels=tuple(bool(x) for x in labels), where=where)
+  complete = row.get("complete", True)
+  if not isinstance(complete, bool):
+    raise ConfigError(f"{where}: field 'complete'={repr(complete)[:60]} is invalid: allowed true or false (the "
+                      "solution reaches its final answer; read with data.end_step)")
+  return StepRow(prompt=prompt, completions=tuple(steps), labels=tuple(bool(x) for x in labels), where=where,
+                 complete=complete)
 
 
 def load_rows(path: str) -> list[StepRow]:
@@ -131,10 +157,13 @@ def file_rows(path: str, eval_path: str, split: str, *, seed: int, eval_fraction
 
 
 def chain_rows(split: str, n: int, *, n_terms: int, digits: int, seed: int, eval_fraction: float,
-               label_noise: float) -> list[StepRow]:
-  """`n` built-in rows of the chained-sum task's `split` (the module docstring)."""
+               label_noise: float, truncated_fraction: float = 0.0) -> list[StepRow]:
+  """`n` built-in rows of the chained-sum task's `split` (the module docstring): `truncated_fraction` of
+  them cut to their first 1 .. n_terms - 2 steps (of n_terms - 1), incomplete (drawn from a stream of
+  their own: the rows are otherwise those drawn without it)."""
   task = ChainTask(n_terms=n_terms, digits=digits, seed=seed, eval_fraction=eval_fraction)
   rng = np.random.default_rng([seed, SPLITS.index(split), 31])
+  cut_rng = np.random.default_rng([seed, SPLITS.index(split), 37])
   rows = []
   for ex in task.examples(split, n):
     wrong_at = int(rng.integers(n_terms - 1)) if rng.random() < 0.5 else None
@@ -142,32 +171,46 @@ def chain_rows(split: str, n: int, *, n_terms: int, digits: int, seed: int, eval
     labels = step_labels(ex.prompt, steps)
     if split == "train" and label_noise:
       labels = [y != (rng.random() < label_noise) for y in labels]
-    rows.append(StepRow(prompt=ex.prompt, completions=tuple(steps), labels=tuple(labels),
-                        where="built-in chain"))
+    complete = True
+    if truncated_fraction and cut_rng.random() < truncated_fraction:
+      keep = int(cut_rng.integers(1, n_terms - 1))  # 1 .. n_terms - 2 steps of n_terms - 1
+      steps, labels, complete = steps[:keep], labels[:keep], False
+    rows.append(StepRow(prompt=ex.prompt, completions=tuple(steps), labels=tuple(labels), where="built-in chain",
+                        complete=complete))
   return rows
 
 
 # ---- tokens ---------------------------------------------------------------------------
 
 
-def step_ids(tokenizer, row: StepRow, separator: str, chat_template: bool) -> tuple[list[int], list[int]]:
-  """(ids, step_end_positions) of a row, the module docstring's sequence."""
+def step_ids(tokenizer, row: StepRow, separator: str, chat_template: bool,
+             end_step: bool = False) -> tuple[list[int], list[int]]:
+  """(ids, step_end_positions) of a row, the module docstring's sequence; `end_step`: the EOS after the
+  last step, its position the last of the list."""
   ids = prompt_ids(tokenizer, row.prompt, chat_template)
   sep = tokenizer.encode(separator)
   ends = []
   for step in row.completions:
     ids = ids + tokenizer.encode(step) + sep
     ends.append(len(ids) - 1)
+  if end_step:
+    ids = ids + [tokenizer.eos_id]
+    ends.append(len(ids) - 1)
   return ids, ends
 
 
+def row_labels(row: StepRow, end_step: bool) -> tuple[bool, ...]:
+  """The labels at a row's step ends (step_ids): its steps', and with `end_step` its end label."""
+  return row.labels + ((row.end_label(),) if end_step else ())
+
+
 def encode_rows(rows: Sequence[StepRow], tokenizer, *, separator: str, chat_template: bool, max_len: int,
-                last_step_only: bool = False) -> StepArrays:
+                last_step_only: bool = False, end_step: bool = False) -> StepArrays:
   """Right-padded arrays; max_len 0 takes the longest (a multiple of 8); longer is a ConfigError naming the row."""
   encoded = []
   for i, r in enumerate(rows):
     try:
-      encoded.append(step_ids(tokenizer, r, separator, chat_template))
+      encoded.append(step_ids(tokenizer, r, separator, chat_template, end_step))
     except ValueError as e:
       raise ConfigError(f"{r.where or f'row {i}'}: {e}") from None
   T = max_len or -(-max(len(ids) for ids, _ in encoded) // 8) * 8
@@ -180,7 +223,7 @@ def encode_rows(rows: Sequence[StepRow], tokenizer, *, separator: str, chat_temp
                         f"config.data.max_len={T}: raise data.max_len (0: the longest row)")
     out.tokens_NT[n, :len(ids)] = ids
     out.mask_NT[n, :len(ids)] = True
-    for k, (t, y) in enumerate(zip(ends, r.labels)):
+    for k, (t, y) in enumerate(zip(ends, row_labels(r, end_step))):
       out.label_NT[n, t] = float(y)
       out.step_NT[n, t] = not last_step_only or k == len(ends) - 1
   return out
@@ -297,6 +340,13 @@ def response_step_ends(tokens_R: np.ndarray, mask_R: np.ndarray, tokenizer, sepa
   if last >= 0 and tail.strip():
     out[last] = True
   return out
+
+
+def response_eos(tokens_R: np.ndarray, mask_R: np.ndarray, tokenizer) -> int | None:
+  """The position of a sampled response's EOS (the end step of data.end_step), None when it has none."""
+  eos = set(getattr(tokenizer, "eos_ids", ()) or (tokenizer.eos_id,))
+  at = [t for t in np.flatnonzero(mask_R) if int(tokens_R[t]) in eos]
+  return int(at[0]) if at else None
 
 
 def solution_score(p_K: np.ndarray, reduce: str) -> float:

@@ -131,7 +131,7 @@ def stepwise_data(cfg: RewardModelConfig) -> RewardData:
   tokenizer = _tokenizer(cfg)
   if cfg.builtin:
     kw = dict(n_terms=d.n_terms, digits=d.digits, seed=cfg.seed, eval_fraction=d.eval_fraction,
-              label_noise=d.label_noise)
+              label_noise=d.label_noise, truncated_fraction=d.truncated_fraction)
     train_rows = process_lib.chain_rows("train", d.n_train, **kw)
     eval_rows = process_lib.chain_rows("eval", d.n_eval, **kw)
   else:
@@ -139,7 +139,7 @@ def stepwise_data(cfg: RewardModelConfig) -> RewardData:
     train_rows = process_lib.file_rows(d.path, d.eval_path, "train", **kw)
     eval_rows = process_lib.file_rows(d.path, d.eval_path, "eval", **kw)
   enc = functools.partial(process_lib.encode_rows, tokenizer=tokenizer, separator=d.step_separator,
-                          chat_template=d.chat_template)
+                          chat_template=d.chat_template, end_step=d.end_step)
   max_len = d.max_len or enc(train_rows + eval_rows, max_len=0).tokens_NT.shape[1]
   return RewardData(tokenizer=tokenizer, train_rows=train_rows, eval_rows=eval_rows,
                     train=enc(train_rows, max_len=max_len, last_step_only=cfg.train.last_step_only),

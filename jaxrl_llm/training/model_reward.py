@@ -18,6 +18,8 @@ scores each response's steps instead: p_k = sigmoid(s_t) at the token t that end
 `objective.advantage = "grpo_process"` step k's reward is w_rm * p_k at t, and the verifier's
 (w_v * v) and the overlong penalty go to the last step; any other advantage takes the solution's
 reward w_rm * norm(reduce_k p_k) + w_v * v + s, reduce = data.process_reduce (min or prod).
+A PRM trained with an end step (its data.end_step) has one more step, read at the response's EOS; a
+response the length limit cut has no end, and its last step (or last token) scores 0 there.
 
 The task's verifier still scores every sample: its accuracy (reward/accuracy, and the evaluations)
 is the gold measure beside the proxy reward/model_mean, which is how over-optimisation shows.
@@ -55,7 +57,8 @@ def reward_model_kind(path: str) -> dict:
   with open(os.path.join(path, "config.json")) as f:
     saved = json.load(f)
   return {"objective": saved.get("objective", "bradley_terry"),
-          "step_separator": saved.get("data", {}).get("step_separator", "\n")}
+          "step_separator": saved.get("data", {}).get("step_separator", "\n"),
+          "end_step": bool(saved.get("data", {}).get("end_step", False))}
 
 
 def check_reward_model_dir(path: str) -> None:
@@ -100,7 +103,7 @@ class RewardModelExtension(Extension):
     self.moments = rl_reward.Moments()
     self.params = self.head = self.rm_cfg = None
     self.members = []
-    self.kind = {"objective": "bradley_terry", "step_separator": "\n"}
+    self.kind = {"objective": "bradley_terry", "step_separator": "\n", "end_step": False}
 
   def preflight(self, run_cfg) -> None:
     paths = run_cfg.data.reward_models
@@ -171,7 +174,16 @@ class RewardModelExtension(Extension):
     tokens_BR, mask_BR = np.asarray(samples.tokens_BR), np.asarray(samples.mask_BR, bool)
     end_BR = np.stack([process_lib.response_step_ends(tokens_BR[b], mask_BR[b], self.tokenizer,
                                                       self.kind["step_separator"]) for b in range(len(tokens_BR))])
-    p_BR = np.where(end_BR, 1.0 / (1.0 + np.exp(-s_BR.astype(np.float64))), 0.0).astype(np.float32)
+    sig_BR = 1.0 / (1.0 + np.exp(-s_BR.astype(np.float64)))
+    p_BR = np.where(end_BR, sig_BR, 0.0).astype(np.float32)
+    if self.kind["end_step"]:  # the end step (module docstring)
+      for b in range(len(p_BR)):
+        eos = process_lib.response_eos(tokens_BR[b], mask_BR[b], self.tokenizer)
+        if eos is not None:
+          end_BR[b, eos], p_BR[b, eos] = True, sig_BR[b, eos]
+        else:
+          last = (np.flatnonzero(end_BR[b]) if end_BR[b].any() else np.flatnonzero(mask_BR[b]))[-1:]
+          end_BR[b, last], p_BR[b, last] = True, 0.0
     solution_B = np.array([process_lib.solution_score(p_BR[b, end_BR[b]], self.cfg.process_reduce)
                            for b in range(len(p_BR))], np.float32)
     return p_BR, end_BR, solution_B

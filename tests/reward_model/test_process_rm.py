@@ -3,6 +3,7 @@ out, the metrics by hand, a separable set learned, the transformers token-classi
 rows' one-line errors, and an RL step whose process advantages are those of the PRM's step scores,
 recomputed here independently."""
 
+import dataclasses
 import json
 
 import jax
@@ -124,6 +125,7 @@ def _jsonl(path, rows):
     ({"prompt": "p", "completions": ["a", "b"], "labels": [True]}, "'labels' has 1 entries for 2 completions"),
     ({"prompt": "p", "completions": ["a"], "labels": ["yes"]}, "field 'labels'=\\['yes'\\] is invalid"),
     ({"prompt": "p", "completions": [], "labels": []}, "field 'completions'=\\[\\] is invalid"),
+    ({"prompt": "p", "completions": ["a"], "labels": [True], "complete": "no"}, "field 'complete'='no' is invalid"),
 ])
 def test_a_bad_row_is_one_line_naming_file_line_and_field(tmp_path, row, field):
   good = {"prompt": "1+1=", "completions": ["2"], "labels": [True]}
@@ -140,6 +142,10 @@ def test_process_only_keys_are_refused_with_bradley_terry():
     reward_config_from_dict(apply_settings(reward_model_config(), {"train.last_step_only": True}))
   with pytest.raises(ConfigError, match=r"config\.train\.margin=0\.5.*objective='process'"):
     prm_config(**{"train.margin": 0.5})
+  with pytest.raises(ConfigError, match=r"config\.data\.end_step=True.*objective='process'"):
+    reward_config_from_dict(apply_settings(reward_model_config(), {"data.end_step": True}))
+  with pytest.raises(ConfigError, match=r"config\.data\.truncated_fraction=0\.2 .*data\.end_step=True"):
+    prm_config(**{"data.truncated_fraction": 0.2})
 
 
 # ---- training and export ----------------------------------------------------------------------------
@@ -181,6 +187,65 @@ def test_a_separable_set_is_learned_and_exports_to_transformers(tmp_path):
 
 
 # ---- the PRM in the RL step -------------------------------------------------------------------------
+
+def test_the_end_step_reads_eos_and_labels_the_outcome():
+  """data.end_step: the EOS after the last separator is one more labelled step, good when the solution is
+  complete and every step good (a solution stopped early is bad there, though its steps are good)."""
+  right = process.StepRow(prompt="1+2+3=", completions=("3", "6"), labels=(True, True))
+  wrong = process.StepRow(prompt="1+2+3=", completions=("3", "16"), labels=(True, False))
+  cut = process.StepRow(prompt="1+2+3=", completions=("3",), labels=(True,), complete=False)
+  ids, ends = process.step_ids(TOK, right, "\n", chat_template=False, end_step=True)
+  assert ids == process.step_ids(TOK, right, "\n", chat_template=False)[0] + [TOK.eos_id]
+  assert ends == [8, 10, 11]
+  a = process.encode_rows([right, wrong, cut], TOK, separator="\n", chat_template=False, max_len=0, end_step=True)
+  assert [np.flatnonzero(a.step_NT[n]).tolist() for n in range(3)] == [[8, 10, 11], [8, 11, 12], [8, 9]]
+  assert a.label_NT[0, [8, 10, 11]].tolist() == [1, 1, 1] and a.label_NT[1, [8, 11, 12]].tolist() == [1, 0, 0]
+  assert a.label_NT[2, [8, 9]].tolist() == [1, 0]  # cut: its step good, its end bad
+  assert a.tokens_NT[2, 9] == TOK.eos_id
+  last = process.encode_rows([cut], TOK, separator="\n", chat_template=False, max_len=0, end_step=True,
+                             last_step_only=True)
+  assert np.flatnonzero(last.step_NT[0]).tolist() == [9]  # the end step is the last one
+
+
+def test_built_in_rows_cut_early_are_prefixes_of_the_uncut_rows():
+  kw = dict(n_terms=4, digits=1, seed=0, eval_fraction=0.1, label_noise=0.0)
+  whole = process.chain_rows("train", 400, **kw)
+  cut = process.chain_rows("train", 400, **kw, truncated_fraction=0.3)
+  assert process.chain_rows("train", 400, **kw, truncated_fraction=0.0) == whole
+  short = [c for c in cut if not c.complete]
+  assert 0.25 < len(short) / 400 < 0.35
+  assert {len(c.completions) for c in short} == {1, 2}  # 1 .. n_terms - 2 of the 3 steps
+  for w, c in zip(whole, cut):
+    assert c.prompt == w.prompt and c.completions == w.completions[:len(c.completions)]
+    assert c.labels == w.labels[:len(c.labels)] and c.complete == (len(c.completions) == 3)
+  assert sum(c.end_label() for c in short) == 0 and any(all(c.labels) for c in short)
+
+
+def test_an_end_step_prm_scores_the_eos_and_a_cut_response_zero():
+  """The RL side (training/model_reward.py's step_scores) on given scores s: the EOS is the last step;
+  a response without EOS (the length limit) scores 0 at its last step, so its solution scores 0."""
+  from jaxrl_llm.training.model_reward import RewardModelExtension
+
+  cfg = from_config_dict(shrink(load_config("rlhf_process"), **{"data.reward_model": "unused"}))
+  ext = RewardModelExtension(cfg.data)
+  ext.kind, ext.tokenizer = {"objective": "process", "step_separator": "\n", "end_step": True}, TOK
+  rows = [TOK.encode("31\n46\n") + [TOK.eos_id, TOK.pad_id], TOK.encode("31\n") + [TOK.eos_id] + [TOK.pad_id] * 4,
+          TOK.encode("31\n46\n71")]
+  tokens = np.array(rows)
+  s = np.linspace(-2.0, 2.0, tokens.size).reshape(tokens.shape)
+  ext.model_scores = lambda samples, per_token=False: s
+  samples = type("S", (), {"tokens_BR": tokens, "mask_BR": tokens != TOK.pad_id})()
+  p, end, solution = ext.step_scores(samples)
+  sig = 1 / (1 + np.exp(-s))
+  assert [np.flatnonzero(end[b]).tolist() for b in range(3)] == [[2, 5, 6], [2, 3], [2, 5, 7]]
+  np.testing.assert_allclose(p[0, [2, 5, 6]], sig[0, [2, 5, 6]], rtol=1e-6)
+  np.testing.assert_allclose(p[1, [2, 3]], sig[1, [2, 3]], rtol=1e-6)
+  np.testing.assert_allclose(p[2, [2, 5, 7]], [sig[2, 2], sig[2, 5], 0.0], rtol=1e-6)  # no EOS: 0 at its end
+  ext.cfg = dataclasses.replace(ext.cfg, process_reduce="min")
+  np.testing.assert_allclose(ext.step_scores(samples)[2], [sig[0, [2, 5, 6]].min(), sig[1, [2, 3]].min(), 0.0],
+                             rtol=1e-6)
+  assert solution.shape == (3,)
+
 
 # The module-scoped fixtures run once: the module's tests go to one pytest-xdist worker.
 pytestmark = pytest.mark.xdist_group("reward_model.test_process_rm")
@@ -255,7 +320,7 @@ def test_a_process_reward_model_is_refused_for_multi_turn_episodes(prm_dir):
   assert "\n" not in str(e.value)
   ext = RewardModelExtension(cfg.data)
   ext.preflight(from_config_dict(shrink(load_config("rlhf_process"), **{"data.reward_model": prm_dir})))
-  assert ext.process and ext.kind == {"objective": "process", "step_separator": "\n"}
+  assert ext.process and ext.kind == {"objective": "process", "step_separator": "\n", "end_step": False}
 
 
 def test_reward_clip_is_refused_where_the_advantages_read_the_step_rewards(prm_dir):
