@@ -21,6 +21,7 @@ from jaxrl_llm.objectives.preference import check_dpo_knobs
 from jaxrl_llm.tasks.arithmetic import OPS
 
 PAIR_TASKS = ("arithmetic", "word_problems")  # data.task: the built-in pairs' problems (reward_model/data.py)
+STEP_ERRORS = ("carry", "varied")  # data.step_errors: a built-in wrong solution's mistake (reward_model/process.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,7 @@ class PreferenceDataConfig:
   step_separator: str
   end_step: bool
   truncated_fraction: float
+  step_errors: str
   label_noise: float
 
   def __post_init__(self):
@@ -64,6 +66,9 @@ class PreferenceDataConfig:
     if not self.step_separator:
       raise bad("config.data.step_separator", self.step_separator, "a non-empty string (it closes every step)")
     check_bool("config.data.end_step", self.end_step)
+    check_choice("config.data.step_errors", self.step_errors, STEP_ERRORS)
+    if self.step_errors != "carry" and self.path:
+      raise bad("config.data.step_errors", self.step_errors, "'carry' with data.path (it draws the built-in set's mistakes)")
     check_float("config.data.truncated_fraction", self.truncated_fraction, 0.0, 1.0, high_open=True)
     if self.truncated_fraction and not self.end_step:
       raise bad("config.data.truncated_fraction", self.truncated_fraction,

@@ -42,7 +42,10 @@ step before the last.
 
 The built-in set (`chain_rows`) is the chained-sum task's problems
 (tasks/chain.py), half solved right and half with one carry error that
-propagates; its gold labels are the task's `step_labels`; `data.label_noise`
+propagates (`data.step_errors="varied"`: a carry error, a units digit off,
+or another number, a third each: a PRM that saw carry errors only cannot
+tell a units-digit error from a right step, and RL against it learns to
+write those, measured in docs/benchmarks.md); its gold labels are the task's `step_labels`; `data.label_noise`
 flips that share of the training labels (seeded), never the held-out ones
 (an end label follows its row's labels, flipped or not).
 """
@@ -62,7 +65,7 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.objectives.aggregation import WeightedSum
 from jaxrl_llm.reward_model.data import prompt_ids
 from jaxrl_llm.reward_model.loss import ECE_BINS
-from jaxrl_llm.tasks.chain import ChainTask, step_labels
+from jaxrl_llm.tasks.chain import ChainTask, step_labels, terms, wrong_step
 from jaxrl_llm.tasks.files import read_rows
 from jaxrl_llm.tasks.split import SPLITS, check_split, in_eval_split
 
@@ -156,18 +159,42 @@ def file_rows(path: str, eval_path: str, split: str, *, seed: int, eval_fraction
   return out
 
 
+def varied_wrong_step(acc: int, x: int, rng: np.random.Generator) -> int:
+  """A wrong running sum for acc + x of one of three kinds, equally likely: the carry error
+  (`wrong_step`), the units digit off by 1..9 either way, or another number below 10 (acc + x) + 10."""
+  right = acc + x
+  kind = int(rng.integers(3))
+  if kind == 0:
+    return wrong_step(acc, x)
+  if kind == 1:
+    d = int(rng.integers(1, 10))
+    return right - d if right - d >= 0 and rng.random() < 0.5 else right + d
+  wrong = int(rng.integers(0, 10 * right + 10))
+  return wrong if wrong != right else right + 1
+
+
 def chain_rows(split: str, n: int, *, n_terms: int, digits: int, seed: int, eval_fraction: float,
-               label_noise: float, truncated_fraction: float = 0.0) -> list[StepRow]:
-  """`n` built-in rows of the chained-sum task's `split` (the module docstring): `truncated_fraction` of
-  them cut to their first 1 .. n_terms - 2 steps (of n_terms - 1), incomplete (drawn from a stream of
-  their own: the rows are otherwise those drawn without it)."""
+               label_noise: float, truncated_fraction: float = 0.0, step_errors: str = "carry") -> list[StepRow]:
+  """`n` built-in rows of the chained-sum task's `split` (the module docstring): half of them wrong from
+  a random step on, its mistake the carry error or (`step_errors="varied"`) `varied_wrong_step`'s;
+  `truncated_fraction` of them cut to their first 1 .. n_terms - 2 steps (of n_terms - 1), incomplete.
+  The varied mistakes and the cuts are drawn from streams of their own: with neither, the rows are
+  those drawn without them."""
   task = ChainTask(n_terms=n_terms, digits=digits, seed=seed, eval_fraction=eval_fraction)
   rng = np.random.default_rng([seed, SPLITS.index(split), 31])
   cut_rng = np.random.default_rng([seed, SPLITS.index(split), 37])
+  error_rng = np.random.default_rng([seed, SPLITS.index(split), 41])
   rows = []
   for ex in task.examples(split, n):
     wrong_at = int(rng.integers(n_terms - 1)) if rng.random() < 0.5 else None
-    steps = task.solution(ex.prompt, wrong_at)
+    if step_errors == "varied" and wrong_at is not None:
+      t = terms(ex.prompt)
+      acc, steps = t[0], []
+      for k, x in enumerate(t[1:]):
+        acc = varied_wrong_step(acc, x, error_rng) if k == wrong_at else acc + x
+        steps.append(str(acc))
+    else:
+      steps = task.solution(ex.prompt, wrong_at)
     labels = step_labels(ex.prompt, steps)
     if split == "train" and label_noise:
       labels = [y != (rng.random() < label_noise) for y in labels]

@@ -131,7 +131,7 @@ def stepwise_data(cfg: RewardModelConfig) -> RewardData:
   tokenizer = _tokenizer(cfg)
   if cfg.builtin:
     kw = dict(n_terms=d.n_terms, digits=d.digits, seed=cfg.seed, eval_fraction=d.eval_fraction,
-              label_noise=d.label_noise, truncated_fraction=d.truncated_fraction)
+              label_noise=d.label_noise, truncated_fraction=d.truncated_fraction, step_errors=d.step_errors)
     train_rows = process_lib.chain_rows("train", d.n_train, **kw)
     eval_rows = process_lib.chain_rows("eval", d.n_eval, **kw)
   else:

@@ -3,6 +3,7 @@ out, the metrics by hand, a separable set learned, the transformers token-classi
 rows' one-line errors, and an RL step whose process advantages are those of the PRM's step scores,
 recomputed here independently."""
 
+import collections
 import dataclasses
 import json
 
@@ -21,6 +22,7 @@ from jaxrl_llm.reward_model.scorer import load_reward_model, token_scores
 from jaxrl_llm.training.config import from_config_dict
 from jaxrl_llm.training.loop import Trainer
 from jaxrl_llm.reward_model.trainer import RewardModelRun
+from jaxrl_llm.tasks import chain
 from jaxrl_llm.training.step import build_batch, rollout_and_score
 from jaxrl_llm.training.tiny import TINY_MODEL, apply_settings
 
@@ -146,6 +148,8 @@ def test_process_only_keys_are_refused_with_bradley_terry():
     reward_config_from_dict(apply_settings(reward_model_config(), {"data.end_step": True}))
   with pytest.raises(ConfigError, match=r"config\.data\.truncated_fraction=0\.2 .*data\.end_step=True"):
     prm_config(**{"data.truncated_fraction": 0.2})
+  with pytest.raises(ConfigError, match=r"config\.data\.step_errors='any' is invalid.*'carry', 'varied'"):
+    prm_config(**{"data.step_errors": "any"})
 
 
 # ---- training and export ----------------------------------------------------------------------------
@@ -219,6 +223,28 @@ def test_built_in_rows_cut_early_are_prefixes_of_the_uncut_rows():
     assert c.prompt == w.prompt and c.completions == w.completions[:len(c.completions)]
     assert c.labels == w.labels[:len(c.labels)] and c.complete == (len(c.completions) == 3)
   assert sum(c.end_label() for c in short) == 0 and any(all(c.labels) for c in short)
+
+
+def test_varied_step_errors_are_wrong_steps_of_three_kinds():
+  kw = dict(n_terms=4, digits=1, seed=0, eval_fraction=0.1, label_noise=0.0)
+  carry = process.chain_rows("train", 600, **kw)
+  varied = process.chain_rows("train", 600, **kw, step_errors="varied")
+  kinds = collections.Counter()
+  for c, v in zip(carry, varied):
+    assert c.prompt == v.prompt and all(c.labels) == all(v.labels)  # the same rows are wrong
+    if all(v.labels):
+      assert v == c
+      continue
+    k = v.labels.index(False)  # the first wrong step: a wrong number after right ones
+    assert v.completions[:k] == c.completions[:k] and c.labels.index(False) == k
+    sums = chain.partial_sums(v.prompt)
+    acc = sums[k - 1] if k else chain.terms(v.prompt)[0]
+    got, right = int(v.completions[k]), sums[k]
+    assert got != right and got >= 0
+    later = [int(x) for x in v.completions[k + 1:]]  # continued from the wrong value
+    assert later == [got + sum(chain.terms(v.prompt)[k + 2:k + 2 + j + 1]) for j in range(len(later))]
+    kinds["carry" if got == chain.wrong_step(acc, right - acc) else "units" if abs(got - right) < 10 else "other"] += 1
+  assert min(kinds.values()) > 0.2 * sum(kinds.values()), kinds  # a third each (a few coincide with a carry error)
 
 
 def test_an_end_step_prm_scores_the_eos_and_a_cut_response_zero():
