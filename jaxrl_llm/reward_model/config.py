@@ -67,15 +67,11 @@ class PreferenceDataConfig:
       raise bad("config.data.step_separator", self.step_separator, "a non-empty string (it closes every step)")
     check_bool("config.data.end_step", self.end_step)
     check_choice("config.data.step_errors", self.step_errors, STEP_ERRORS)
-    if self.step_errors != "carry" and self.path:
-      raise bad("config.data.step_errors", self.step_errors, "'carry' with data.path (it draws the built-in set's mistakes)")
+
     check_float("config.data.truncated_fraction", self.truncated_fraction, 0.0, 1.0, high_open=True)
     if self.truncated_fraction and not self.end_step:
       raise bad("config.data.truncated_fraction", self.truncated_fraction,
                 "0 unless config.data.end_step=True (a cut solution differs from a whole one only at its end step)")
-    if self.truncated_fraction and self.path:
-      raise bad("config.data.truncated_fraction", self.truncated_fraction,
-                "0 with data.path (it cuts solutions of the built-in set; a file's rows say 'complete' themselves)")
     check_float("config.data.label_noise", self.label_noise, 0.0, 1.0)
     if self.label_noise and self.path:
       raise bad("config.data.label_noise", self.label_noise,

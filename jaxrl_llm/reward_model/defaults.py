@@ -43,7 +43,7 @@ def reward_model_config() -> ml_collections.ConfigDict:
   c.data.n_terms = 3  # built-in, objective=process: summands per chained sum (tasks/chain.py; data.digits is their size)
   c.data.step_separator = "\n"  # objective=process: the text closing every step; its last token carries the step's label (TRL's step_separator)
   c.data.end_step = False  # objective=process: one more labelled step per solution, the tokenizer's EOS after its last step, labelled good when the solution is complete and every step good (reward_model/process.py): a solution that stops early then scores low at its end, though each of its steps is good
-  c.data.truncated_fraction = 0.0  # built-in, objective=process, needs data.end_step: share of the solutions cut after a random step before the last (their steps keep their labels, the end step is bad)
+  c.data.truncated_fraction = 0.0  # built-in, objective=process, needs data.end_step: share of the solutions cut after a random step before the last (their steps keep their labels, the end step is bad; a file's rows say 'complete' themselves)
   c.data.step_errors = "carry"  # built-in, objective=process: the mistake of a wrong solution's first wrong step: carry (the carry error) | varied (a carry error, a units digit off by 1-9, or another number, a third each; reward_model/process.py)
   c.data.label_noise = 0.0  # built-in: share of training pairs whose chosen and rejected are swapped (process: of step labels flipped; seeded); held-out rows never are
 
