@@ -69,3 +69,31 @@ def test_gold_shape_tells_a_rise_and_fall_from_a_fall():
   # A rise within the noise then a fall is a fall.
   assert oo.gold_shape(np.array([0.60, 0.62, 0.50])) == "fall"
 
+
+
+def test_a_reward_model_that_learned_nothing_stops_the_sweep_in_one_line(tmp_path, monkeypatch):
+  """The reward-model stage passes --rm-seed to each run, and a model whose held-out pairwise accuracy
+  ends at or below MIN_RM_ACCURACY stops the script with one line naming it (the runs stubbed: each
+  writes the summary a finished run writes)."""
+  mod = _script()
+  calls = []
+
+  def run(cmd, cwd, check):
+    calls.append(cmd)
+    workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--workdir="))
+    noise = float(next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.data.label_noise=")))
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump({"eval_accuracy_end": 0.99 if noise == 0 else 0.48, "label_noise": noise}, f)
+
+  monkeypatch.setattr(mod.subprocess, "run", run)
+  with pytest.raises(SystemExit) as e:
+    mod.train_reward_models(str(tmp_path), [0.0, 0.3], 400, seed=1)
+  assert len(calls) == 2 and all("--config.seed=1" in c for c in calls)
+  msg = str(e.value.code)
+  assert msg.startswith("error: the reward model at label noise 0.3 (seed 1,") and "accuracy 0.480" in msg
+  assert "\n" not in msg and "--rm-seed" in msg
+  # A rerun reuses the finished models (their summary.json) and stops on the same one.
+  with pytest.raises(SystemExit):
+    mod.train_reward_models(str(tmp_path), [0.0, 0.3], 400, seed=1)
+  assert len(calls) == 2
