@@ -347,13 +347,17 @@ def step_stats(s_NT: jax.Array, label_NT: jax.Array, step_NT: jax.Array, weight_
 SOLUTION_REDUCES = ("min", "prod")  # data.process_reduce: a solution's score from its steps' P(good)
 
 
+def _eos_ids(tokenizer) -> set[int]:
+  return set(getattr(tokenizer, "eos_ids", ()) or (tokenizer.eos_id,))
+
+
 def response_step_ends(tokens_R: np.ndarray, mask_R: np.ndarray, tokenizer, separator: str) -> np.ndarray:
   """bool [R]: where a sampled response's steps end, as `step_ids` places the labels: the token that
   completes each occurrence of `separator` in the decoded text, and, when text other than whitespace
   follows the last separator, the response's last sampled token before EOS (a final step left open).
   The text is the tokens decoded one by one (the policy's own tokens, not a re-encoding)."""
   out = np.zeros(tokens_R.shape, bool)
-  eos = set(getattr(tokenizer, "eos_ids", ()) or (tokenizer.eos_id,))
+  eos = _eos_ids(tokenizer)
   text, last = "", -1
   for t in np.flatnonzero(mask_R):
     tok = int(tokens_R[t])
@@ -371,7 +375,7 @@ def response_step_ends(tokens_R: np.ndarray, mask_R: np.ndarray, tokenizer, sepa
 
 def response_eos(tokens_R: np.ndarray, mask_R: np.ndarray, tokenizer) -> int | None:
   """The position of a sampled response's EOS (the end step of data.end_step), None when it has none."""
-  eos = set(getattr(tokenizer, "eos_ids", ()) or (tokenizer.eos_id,))
+  eos = _eos_ids(tokenizer)
   at = [t for t in np.flatnonzero(mask_R) if int(tokens_R[t]) in eos]
   return int(at[0]) if at else None
 
