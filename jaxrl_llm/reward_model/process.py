@@ -45,14 +45,15 @@ The built-in set (`chain_rows`) is the chained-sum task's problems
 propagates (`data.step_errors="varied"`: a carry error, a units digit off,
 or another number, a third each: a PRM that saw carry errors only cannot
 tell a units-digit error from a right step, and RL against it learns to
-write those, measured in docs/benchmarks.md); its gold labels are the task's `step_labels`; `data.label_noise`
-flips that share of the training labels (seeded), never the held-out ones
+write those, measured in docs/benchmarks.md); its gold labels are the
+task's `step_labels`; `data.label_noise` flips that share of the training labels (seeded), never the held-out ones
 (an end label follows its row's labels, flipped or not).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Sequence
 
@@ -65,7 +66,7 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.objectives.aggregation import WeightedSum
 from jaxrl_llm.reward_model.data import prompt_ids
 from jaxrl_llm.reward_model.loss import ECE_BINS
-from jaxrl_llm.tasks.chain import ChainTask, step_labels, terms, wrong_step
+from jaxrl_llm.tasks.chain import ChainTask, step_labels, wrong_step
 from jaxrl_llm.tasks.files import read_rows
 from jaxrl_llm.tasks.split import SPLITS, check_split, in_eval_split
 
@@ -161,7 +162,7 @@ def file_rows(path: str, eval_path: str, split: str, *, seed: int, eval_fraction
 
 def varied_wrong_step(acc: int, x: int, rng: np.random.Generator) -> int:
   """A wrong running sum for acc + x of one of three kinds, equally likely: the carry error
-  (`wrong_step`), the units digit off by 1..9 either way, or another number below 10 (acc + x) + 10."""
+  (`wrong_step`), the units digit off by 1..9 either way, or another number in [0, 10 (acc + x) + 10)."""
   right = acc + x
   kind = int(rng.integers(3))
   if kind == 0:
@@ -184,17 +185,11 @@ def chain_rows(split: str, n: int, *, n_terms: int, digits: int, seed: int, eval
   rng = np.random.default_rng([seed, SPLITS.index(split), 31])
   cut_rng = np.random.default_rng([seed, SPLITS.index(split), 37])
   error_rng = np.random.default_rng([seed, SPLITS.index(split), 41])
+  varied = functools.partial(varied_wrong_step, rng=error_rng)
   rows = []
   for ex in task.examples(split, n):
     wrong_at = int(rng.integers(n_terms - 1)) if rng.random() < 0.5 else None
-    if step_errors == "varied" and wrong_at is not None:
-      t = terms(ex.prompt)
-      acc, steps = t[0], []
-      for k, x in enumerate(t[1:]):
-        acc = varied_wrong_step(acc, x, error_rng) if k == wrong_at else acc + x
-        steps.append(str(acc))
-    else:
-      steps = task.solution(ex.prompt, wrong_at)
+    steps = task.solution(ex.prompt, wrong_at, wrong=varied if step_errors == "varied" else wrong_step)
     labels = step_labels(ex.prompt, steps)
     if split == "train" and label_noise:
       labels = [y != (rng.random() < label_noise) for y in labels]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 
 from jaxrl_llm.tasks.arithmetic import carry_free_sum
 from jaxrl_llm.tasks.base import Example
@@ -122,16 +123,18 @@ class ChainTask:
     xs = [int(x) for x in rng.integers(lo, 10 ** self.digits, size=self.n_terms)]
     return "+".join(map(str, xs)) + "="
 
-  def solution(self, prompt: str, wrong_at: int | None = None, drop_carries: bool = False) -> list[str]:
-    """The steps of a solution; with `wrong_at` = k, step k makes the carry error and the rest follow it;
-    with `drop_carries`, every step drops its carry (if it has one) and the rest follow it."""
+  def solution(self, prompt: str, wrong_at: int | None = None, drop_carries: bool = False,
+               wrong: Callable[[int, int], int] = wrong_step) -> list[str]:
+    """The steps of a solution; with `wrong_at` = k, step k writes wrong(acc, x) (the carry error by
+    default) and the rest follow it; with `drop_carries`, every step drops its carry (if it has one) and
+    the rest follow it."""
     t = terms(prompt)
     acc, lines = t[0], []
     for k, x in enumerate(t[1:]):
       if drop_carries:
         acc = carry_free_sum(acc, x)
       else:
-        acc = wrong_step(acc, x) if k == wrong_at else acc + x
+        acc = wrong(acc, x) if k == wrong_at else acc + x
       lines.append(str(acc))
     return lines
 
