@@ -26,7 +26,7 @@ class EnvConfig:
   max_turns: int = 4  # assistant turns per episode, the final answer's included
   max_turn_tokens: int = 32  # tokens one turn may sample (its EOS or closing tag included); a turn cut there ends its episode (status token_limit)
   max_tokens: int = 128  # tokens of an episode after its opening prompt: every turn and observation (the response length R of its batch row; rollout.max_response_len then bounds only the warm start's demonstrations)
-  keep_cache: bool = True  # the built-in sampler keeps each episode's KV cache from turn to turn and encodes only the new tokens; False: every turn encodes the whole history again (same turns, sampling/turns.py)
+  keep_cache: bool = True  # the built-in sampler keeps each episode's KV cache from turn to turn and encodes only the new tokens; False: every turn encodes the whole history again (same turns, sampling/turns.py); on continuous slots (rollout.continuous_slots) the cache is always kept
   workers: int = 2  # tool worker processes (one ToolPool per run)
   tools: ToolLimits = ToolLimits()  # what one tool call may use (time, CPU, memory, output, files)
 

@@ -67,24 +67,33 @@ def idle_state(model_cfg: ModelConfig, cfg: SamplingConfig, slots: int, cache_le
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "data_axis"), donate_argnames=("state",))
 def admit(params: dict, state: DecodeState, prompt_BE: jax.Array, prompt_mask_BE: jax.Array, new_B: jax.Array,
-          sample_B: jax.Array, key: jax.Array, *, model_cfg: ModelConfig, cfg: SamplingConfig,
-          mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
+          sample_B: jax.Array, key: jax.Array, start_B: jax.Array | None = None, keep_B: jax.Array | None = None,
+          turn_B: jax.Array | None = None, budget_B: jax.Array | None = None, *, model_cfg: ModelConfig,
+          cfg: SamplingConfig, mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
   """Slots with new_B take sample sample_B[b] (its prompt right-aligned in prompt_BE); every running
-  slot feeds its last token in the same forward; every slot that runs then samples its next token."""
+  slot feeds its last token in the same forward; every slot that runs then samples its next token.
+
+  Sample b draws with fold_in(key, b). An episode's turn (sampling/episode_slots.py) passes more:
+  start_B, the RoPE position of the block's first token (None: 0, a prompt); keep_B, new slots that
+  keep their cache (the block continues the context it holds; None: every new slot forgets); turn_B,
+  then sample b's turn k draws with fold_in(fold_in(key, k), b), the lock-step rounds' key; budget_B,
+  the most tokens the new turn may sample (the state must carry budgets)."""
   params = cast_params(params, cfg.dtype)
   state = shard_rows(state, mesh, data_axis)
   B, E = prompt_BE.shape
   running_B = state.active_B & ~new_B
   last_E = jnp.arange(E) == E - 1
-  # The block: a new slot's prompt; a running slot's last token at the end; an idle one a dummy token
-  # there (valid, so that its attention has a key; its output is not recorded).
+  # The block: a new slot's prompt; a running slot's last token at the end; an idle one nothing (its
+  # queries see no key and give zeros, not recorded; its cache, an episode's between turns, is kept).
   tokens_BE = jnp.where(new_B[:, None], prompt_BE, jnp.where(last_E, state.last_B[:, None], cfg.pad_id))
-  mask_BE = jnp.where(new_B[:, None], prompt_mask_BE, last_E[None, :])
+  mask_BE = jnp.where(new_B[:, None], prompt_mask_BE, last_E[None, :] & running_B[:, None])
   counts_BE = jnp.cumsum(mask_BE.astype(jnp.int32), axis=1)
+  start_B = jnp.zeros((B,), jnp.int32) if start_B is None else start_B
   own_B = jnp.where(running_B, state.prompt_len_B + state.step_B - 1, 0)  # the running slot's last token
-  positions_BE = jnp.where(new_B[:, None], counts_BE - 1, own_B[:, None])
+  positions_BE = jnp.where(new_B[:, None], start_B[:, None] + counts_BE - 1, own_B[:, None])
   positions_BE = jnp.where(mask_BE, positions_BE, 0)
-  cache = state.cache.replace(mask_BS=state.cache.mask_BS & ~new_B[:, None])  # a new sample's slot forgets
+  forget_B = new_B if keep_B is None else new_B & ~keep_B
+  cache = state.cache.replace(mask_BS=state.cache.mask_BS & ~forget_B[:, None])  # a new sample's slot forgets
   hidden_BED, cache = forward(params, model_cfg, tokens_BE.astype(jnp.int32), positions_BE, mask_BE, cache)
   logits_BV = logits(params, model_cfg, hidden_BED[:, -1:])[:, 0]
 
@@ -92,11 +101,16 @@ def admit(params: dict, state: DecodeState, prompt_BE: jax.Array, prompt_mask_BE
     shape = (B,) + (1,) * (old.ndim - 1)
     return jnp.where(new_B.reshape(shape), jnp.asarray(fill, old.dtype), old)
 
-  keys_B = jax.random.key_data(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, sample_B))
+  fold_one, fold_each = (jax.vmap(jax.random.fold_in, in_axes=(axis, 0)) for axis in (None, 0))
+  keys_B = jax.random.key_data(fold_one(key, sample_B) if turn_B is None
+                               else fold_each(fold_one(key, turn_B), sample_B))
+  budgets = {}
+  if budget_B is not None:
+    budgets["budget_B"] = jnp.where(new_B, budget_B, state.budget_B)
   state = state.replace(
       cache=cache,
       row_keys_B=jax.random.wrap_key_data(jnp.where(new_B[:, None], keys_B, jax.random.key_data(state.row_keys_B))),
-      prompt_len_B=jnp.where(new_B, counts_BE[:, -1], state.prompt_len_B),
+      prompt_len_B=jnp.where(new_B, start_B + counts_BE[:, -1], state.prompt_len_B),
       active_B=running_B | new_B,
       step_B=jnp.where(new_B, 0, state.step_B),
       tokens_BR=fresh(new_B, state.tokens_BR, cfg.pad_id), mask_BR=fresh(new_B, state.mask_BR, False),
@@ -105,7 +119,7 @@ def admit(params: dict, state: DecodeState, prompt_BE: jax.Array, prompt_mask_BE
       topk_ids_BRK=None if state.topk_ids_BRK is None else fresh(new_B, state.topk_ids_BRK, cfg.pad_id),
       topk_logp_BRK=None if state.topk_logp_BRK is None else fresh(new_B, state.topk_logp_BRK, 0.0),
       finish_reason_B=jnp.where(new_B, FINISH_LENGTH, state.finish_reason_B),
-      length_B=jnp.where(new_B, 0, state.length_B))
+      length_B=jnp.where(new_B, 0, state.length_B), **budgets)
   return shard_rows(record_sample(state, logits_BV, cfg), mesh, data_axis)
 
 

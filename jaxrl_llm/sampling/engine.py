@@ -234,11 +234,14 @@ class JaxSampler:
     return {}  # in-process sampling: no requests, retries or restarts to count
 
   def turn_sampler(self, player, key):
-    """Each round's turns sampled in this process with the synced weights (the player's
-    `round_sampler`: sampling/turns.py, its cache kept across rounds where the player keeps it)."""
+    """The episodes' turns sampled in this process with the synced weights: the player's
+    `round_sampler` (sampling/turns.py, its cache kept across rounds where the player keeps it), or
+    with rollout.continuous_slots its `slot_sampler` (sampling/episode_slots.py)."""
     if self.params is None:
       raise RuntimeError("JaxSampler.turn_sampler before sync: the engine has no weights yet")
     mesh = self.batch_sharding.mesh if self.batch_sharding is not None else None
+    if self.slots:  # rollout.continuous_slots: the episodes on the continuous batcher
+      return player.slot_sampler(self.params, self.model_cfg, self.sampling_cfg, key, mesh=mesh)
     return player.round_sampler(self.params, self.model_cfg, self.sampling_cfg, key, mesh=mesh)
 
   def close(self) -> None:

@@ -398,9 +398,14 @@ class OpenAIEngine:
     self.weight_sync.close()
 
   def turn_sampler(self, player, key):
-    """Each round's turns as token-id requests to the server (sampling/openai_turns.py's round_sampler)."""
-    from jaxrl_llm.sampling.openai_turns import round_sampler  # pylint: disable=import-outside-toplevel
-    return round_sampler(self, key, stop_strings=player.stop_strings)
+    """The episodes' turns as token-id requests to the server, each sent as soon as its episode needs
+    it (sampling/openai_turns.py's `OpenAISlots`); in a run of several processes, where process 0
+    drives the engine and broadcasts each round (sampling/primary_engine.py), in lock-step rounds
+    (`round_sampler`)."""
+    from jaxrl_llm.sampling import openai_turns  # pylint: disable=import-outside-toplevel
+    if jax.process_count() > 1:
+      return openai_turns.round_sampler(self, key, stop_strings=player.stop_strings)
+    return openai_turns.OpenAISlots(self, key, stop_strings=player.stop_strings)
 
   def metrics(self) -> dict[str, float]:
     """Counters since the start (requests, retries, failures, restarts, syncs, failed checks, timeouts), the

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.sampling.episode_slots import EndedTurn
 from jaxrl_llm.sampling.http_client import ServerUnavailable
 from jaxrl_llm.sampling.openai_request import read_completion
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH, FINISH_STOP
@@ -48,13 +49,14 @@ def parse_turn(resp: dict, budget: int, *, ends: set, eos_ids: Sequence[int], vo
 def sample_turns_openai(engine, contexts: Sequence[Sequence[int]], budgets: Sequence[int], key: jax.Array, *,
                         stop_strings: Sequence[str] = ()) -> SampledTurns:
   """One turn per context through `engine` (an OpenAIEngine with weights synced); budgets[b] = 0 samples
-  nothing for row b. Row b's seed is drawn from `key` (the round's key, as the built-in sampler's)."""
+  nothing for row b. Row b's seed is drawn from fold_in(key, b) (`key` the round's, as the built-in
+  sampler's)."""
   if engine.client is None:
     raise RuntimeError("sample_turns_openai before sync: the engine's server has no weights yet")
   B = len(contexts)
   if len(budgets) != B or B == 0:
     raise ValueError(f"sample_turns_openai: {B} contexts and {len(budgets)} budgets; allowed the same number, >= 1")
-  seeds = np.asarray(jax.random.randint(key, (B,), 0, 2**31 - 1), np.int64)
+  seeds = np.asarray(jax.vmap(_seed, in_axes=(None, 0))(key, np.arange(B)), np.int64)
   live = [b for b in range(B) if budgets[b]]
   if engine.n_ctx is not None:
     longest = max((len(contexts[b]) + int(budgets[b]) for b in live), default=0)
@@ -62,6 +64,24 @@ def sample_turns_openai(engine, contexts: Sequence[Sequence[int]], budgets: Sequ
       raise ConfigError(f"an episode's context of {longest} tokens with its turn exceeds the server's context of "
                         f"{engine.n_ctx} tokens per slot (a server the engine starts gets config.data.max_prompt_len "
                         "+ env.max_tokens + 8)")
+  one = _requester(engine, stop_strings)
+  out = {b: ((), np.zeros((0,), np.float32), FINISH_LENGTH) for b in range(B) if not budgets[b]}
+  with concurrent.futures.ThreadPoolExecutor(engine.cfg.concurrency) as pool:
+    for b, turn in zip(live, pool.map(lambda b: one(contexts[b], int(budgets[b]), int(seeds[b])), live)):
+      out[b] = turn
+  return SampledTurns(ids=tuple(out[b][0] for b in range(B)), behav_logp=tuple(out[b][1] for b in range(B)),
+                      finish_B=np.array([out[b][2] for b in range(B)], np.int32))
+
+
+def _seed(key: jax.Array, row) -> jax.Array:
+  """The server's seed for row `row` of a round whose key is `key`: the same whether the row's turn is
+  sent in lock-step (`sample_turns_openai`) or as it comes (`OpenAISlots`)."""
+  return jax.random.randint(jax.random.fold_in(key, row), (), 0, 2**31 - 1)
+
+
+def _requester(engine, stop_strings: Sequence[str]):
+  """(context, budget, seed) -> (ids, log mu, finish) of one turn: one completions request, retried as
+  the engine retries any request; a malformed answer is retried too."""
   parse = dict(ends=engine.ends, eos_ids=tuple(engine.scfg.eos_ids), vocab_size=engine.model_cfg.vocab_size,
                stop_strings=tuple(stop_strings), tokenizer=engine.tokenizer)
 
@@ -73,18 +93,64 @@ def sample_turns_openai(engine, contexts: Sequence[Sequence[int]], budgets: Sequ
     except (KeyError, IndexError, TypeError, ValueError) as e:  # retried as any malformed answer is
       raise ServerUnavailable(f"malformed completion ({type(e).__name__}: {e}): {str(resp)[:160]}") from None
 
-  def one(b: int):
-    payload = {"model": engine.model_name, "prompt": [int(i) for i in contexts[b]], "seed": int(seeds[b]),
-               **engine.fields, "max_tokens": int(budgets[b])}
-    return engine.post("/v1/completions", payload,
-                        lambda resp: checked(resp, int(budgets[b])))
+  def one(context: Sequence[int], budget: int, seed: int):
+    payload = {"model": engine.model_name, "prompt": [int(i) for i in context], "seed": seed,
+               **engine.fields, "max_tokens": budget}
+    return engine.post("/v1/completions", payload, lambda resp: checked(resp, budget))
 
-  out = {b: ((), np.zeros((0,), np.float32), FINISH_LENGTH) for b in range(B) if not budgets[b]}
-  with concurrent.futures.ThreadPoolExecutor(engine.cfg.concurrency) as pool:
-    for b, turn in zip(live, pool.map(one, live)):
-      out[b] = turn
-  return SampledTurns(ids=tuple(out[b][0] for b in range(B)), behav_logp=tuple(out[b][1] for b in range(B)),
-                      finish_B=np.array([out[b][2] for b in range(B)], np.int32))
+  return one
+
+
+class OpenAISlots:
+  """Episodes' turns through the server as they come (training/episodes.play_slots' side, as
+  sampling/episode_slots.py's `EpisodeSlots` is the built-in sampler's): each turn is one request, sent
+  as soon as its episode needs it, `server.concurrency` in flight; the server batches them. Every
+  episode may hold a place at once (the server keeps no state of an episode between its requests).
+  Turn k of episode i sends the seed the lock-step round k sends for row i (`_seed`), so a server
+  whose answer depends on the request alone gives the same episodes both ways."""
+
+  capacity = 1 << 30
+  ordered = False  # a step's result is taken as soon as it is back: the tokens do not depend on when
+
+  def __init__(self, engine, key: jax.Array, *, stop_strings: Sequence[str] = ()):
+    if engine.client is None:
+      raise RuntimeError("OpenAISlots before sync: the engine's server has no weights yet")
+    self.engine, self.key = engine, key
+    self._one = _requester(engine, stop_strings)
+    self._pool = concurrent.futures.ThreadPoolExecutor(engine.cfg.concurrency, thread_name_prefix="episode-turn")
+    self._flying: dict[concurrent.futures.Future, int] = {}
+
+  def submit(self, episode: int, context: Sequence[int], budget: int, turn: int) -> None:
+    if engine_ctx := self.engine.n_ctx:
+      if len(context) + budget > engine_ctx:
+        raise ConfigError(f"an episode's context of {len(context) + budget} tokens with its turn exceeds the "
+                          f"server's context of {engine_ctx} tokens per slot (a server the engine starts gets "
+                          "config.data.max_prompt_len + env.max_tokens + 8)")
+    seed = int(_seed(jax.random.fold_in(self.key, turn), episode))
+    self._flying[self._pool.submit(self._one, tuple(context), int(budget), seed)] = episode
+
+  def release(self, episode: int) -> None:
+    pass
+
+  def busy(self) -> bool:
+    return bool(self._flying)
+
+  def advance(self, steps: Sequence[concurrent.futures.Future] = ()) -> list[EndedTurn]:
+    """The turns whose requests came back (episode order), after waiting for the first of them or of
+    the environments' `steps` to finish; [] when none of either is in flight. A request that failed
+    after the engine's retries raises here."""
+    if not self._flying and not steps:
+      return []
+    concurrent.futures.wait([*self._flying, *steps], return_when=concurrent.futures.FIRST_COMPLETED)
+    out = []
+    for future in [f for f in self._flying if f.done()]:
+      episode = self._flying.pop(future)
+      ids, logp, finish = future.result()
+      out.append(EndedTurn(episode, tuple(ids), np.asarray(logp, np.float32), int(finish)))
+    return sorted(out, key=lambda t: t.episode)
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def round_sampler(engine, key: jax.Array, *, stop_strings: Sequence[str]):

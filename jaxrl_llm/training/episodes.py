@@ -45,6 +45,7 @@ from jaxrl_llm.envs.episode import Episode, EpisodeLimits, EpisodeResult
 from jaxrl_llm.envs.render import ChatRenderer, PlainRenderer
 from jaxrl_llm.model import distributed
 from jaxrl_llm.sampling.engine import RolloutBatch
+from jaxrl_llm.sampling.episode_slots import EpisodeSlots
 from jaxrl_llm.sampling.rollout import FINISH_LENGTH
 from jaxrl_llm.sampling.turns import KeptCache, SampledTurns, sample_turns, stop_sequences
 from jaxrl_llm.tasks.base import Example
@@ -139,6 +140,65 @@ def play(episodes: Sequence[Episode], sample_round: RoundSampler,
           for i in range(len(episodes))]
 
 
+def play_slots(episodes: Sequence[Episode], slots, executor: concurrent.futures.Executor | None = None,
+               fault_point: str | None = None) -> list[Played]:
+  """Runs `episodes` to their ends on a continuous batcher (`slots`: sampling/episode_slots.py's
+  `EpisodeSlots`, or any object with its `capacity`, `submit`, `release`, `advance` and `busy`): at most
+  `capacity` episodes hold a slot at once, each turn is submitted as soon as its episode needs it,
+  and a turn that ends is stepped on `executor` while the slots go on decoding.
+
+  With `slots.ordered` (the built-in sampler's) the schedule depends on the turns alone, not on how
+  long a step takes, so the same key gives the same episodes run after run: the steps of the turns
+  that ended in one `advance` run during the next one, and their episodes' next turns are submitted
+  after it (their slot skips one chunk); episode i plays turn k with the draws of the lock-step
+  player's round k, row i (`play`). Otherwise (a server's requests, whose tokens do not depend on
+  when they are sent) each step's episode goes on as soon as the step is back. One process only: a
+  run of several refuses continuous episodes at start (`EpisodePlayer`)."""
+  sampled = [[] for _ in episodes]
+  logps = [[] for _ in episodes]
+  turn = [0] * len(episodes)
+  waiting = collections.deque(i for i, ep in enumerate(episodes) if not ep.done)
+  holding: set[int] = set()
+  stepping: list[tuple[int, concurrent.futures.Future | None]] = []  # ended turns whose steps are not taken yet
+  ordered = getattr(slots, "ordered", True)
+
+  def step(i, ids, finish):
+    episodes[i].step(ids, truncated=finish == FINISH_LENGTH)
+
+  while waiting or holding:
+    while waiting and len(holding) < slots.capacity:
+      i = waiting.popleft()
+      holding.add(i)
+      slots.submit(i, episodes[i].ids, episodes[i].turn_budget(), 0)
+    # the steps in flight run meanwhile
+    ended = slots.advance([f for _, f in stepping if f is not None])
+    taken = stepping if ordered else [(i, f) for i, f in stepping if f is None or f.done()]
+    stepping = [s for s in stepping if s not in taken]
+    for i, future in taken:
+      if future is not None:
+        future.result()  # a step that raised raises here
+      turn[i] += 1
+      if episodes[i].done:
+        holding.discard(i)
+        slots.release(i)
+      else:
+        slots.submit(i, episodes[i].ids, episodes[i].turn_budget(), turn[i])
+    for t in ended:
+      sampled[t.episode] += t.ids
+      logps[t.episode].append(np.asarray(t.behav_logp, np.float32))
+      if executor is None:
+        step(t.episode, t.ids, t.finish)
+        stepping.append((t.episode, None))
+      else:
+        stepping.append((t.episode, executor.submit(step, t.episode, t.ids, t.finish)))
+    if fault_point:
+      faults.point(fault_point)
+    if holding and not ended and not stepping and not slots.busy():
+      raise RuntimeError(f"play_slots: {len(holding)} episodes hold slots, none has a turn queued or a step running")
+  return [Played(ep.result(), sampled[i], np.concatenate(logps[i]) if logps[i] else np.zeros((0,), np.float32))
+          for i, ep in enumerate(episodes)]
+
+
 def _views(episodes: Sequence[Episode], lo: int, hi: int, failed: dict[int, BaseException]
            ) -> list[tuple[list[int], int, bool, str]]:
   """(ids, turn budget, done, the step's error or '') of every episode, from the process that steps it."""
@@ -231,6 +291,10 @@ class EpisodePlayer:
   `close` stops its workers)."""
 
   def __init__(self, run_cfg, task, tokenizer):
+    if run_cfg.rollout.continuous_slots and jax.process_count() > 1:
+      raise ConfigError(f"config.rollout.continuous_slots={run_cfg.rollout.continuous_slots} is invalid for episodes "
+                        f"in a run of {jax.process_count()} processes: allowed 0 (every process would have to agree "
+                        "on each chunk's schedule, which depends on environments that only the row's owner steps)")
     env_cfg = self.env_cfg = run_cfg.env
     self.task, self.tokenizer = task, tokenizer
     self.prompt_len = run_cfg.data.max_prompt_len  # resolved to fit the openings (training/inputs.py)
@@ -243,6 +307,8 @@ class EpisodePlayer:
                                 max_context_tokens=self.prompt_len + env_cfg.max_tokens,
                                 max_response_tokens=env_cfg.max_tokens)
     self._executor = concurrent.futures.ThreadPoolExecutor(env_cfg.workers, thread_name_prefix="episode-step")
+    # rollout.continuous_slots > 0: the built-in sampler plays episodes on that many slots (play_slots)
+    self.slots, self.chunk = run_cfg.rollout.continuous_slots, run_cfg.rollout.decode_chunk
 
   def make_env(self):
     return env_registry.make_env(self.env_cfg, self.task, self.pool, self.tokenizer)
@@ -250,18 +316,34 @@ class EpisodePlayer:
   def play(self, params, model_cfg, examples: Sequence[Example], sampling_cfg, key, *, mesh=None,
            version: int = -1) -> RolloutBatch:
     """One episode per example (row b plays `examples[b]`) with the built-in sampler on `params`
-    (`round_sampler`). -> their RolloutBatch."""
-    return self.play_rounds(self.round_sampler(params, model_cfg, sampling_cfg, key, mesh=mesh), examples,
+    (`turn_source`). -> their RolloutBatch."""
+    return self.play_rounds(self.turn_source(params, model_cfg, sampling_cfg, key, mesh=mesh), examples,
                             version=version)
+
+  def turn_source(self, params, model_cfg, sampling_cfg, key, *, mesh=None):
+    """The built-in sampler's turns on `params`: on `slots` continuous slots (`slot_sampler`) where
+    rollout.continuous_slots > 0, else in lock-step rounds (`round_sampler`)."""
+    if self.slots:
+      return self.slot_sampler(params, model_cfg, sampling_cfg, key, mesh=mesh)
+    return self.round_sampler(params, model_cfg, sampling_cfg, key, mesh=mesh)
+
+  def _turn_cfg(self, sampling_cfg):
+    return dataclasses.replace(sampling_cfg, n_samples=1, max_new_tokens=self.env_cfg.max_turn_tokens, record_topk=0,
+                               stop_sequences=stop_sequences(self.tokenizer, self.stop_strings))
+
+  def slot_sampler(self, params, model_cfg, sampling_cfg, key, *, mesh=None) -> EpisodeSlots:
+    """The built-in sampler's episodes on rollout.continuous_slots slots, rollout.decode_chunk decode
+    steps between looks (sampling/episode_slots.py): the turns `round_sampler` gives for the same key."""
+    return EpisodeSlots(params, model_cfg, self._turn_cfg(sampling_cfg), key, slots=self.slots, chunk=self.chunk,
+                        context_len=self.limits.max_context_tokens, mesh=mesh, tokenizer=self.tokenizer,
+                        stop_strings=self.stop_strings)
 
   def round_sampler(self, params, model_cfg, sampling_cfg, key, *, mesh=None) -> RoundSampler:
     """The built-in sampler's rounds on `params`: every turn sampled with `sampling_cfg`'s processing
     (temperature, top-k, top-p, dtype; greedy for the evaluation), at most env.max_turn_tokens tokens,
     stopped at the environment's stop strings; round k with fold_in(key, k), row b of it with
     fold_in(that, b); with env.keep_cache each row's KV cache kept from round to round."""
-    turn_cfg = dataclasses.replace(sampling_cfg, n_samples=1, max_new_tokens=self.env_cfg.max_turn_tokens,
-                                   record_topk=0,
-                                   stop_sequences=stop_sequences(self.tokenizer, self.stop_strings))
+    turn_cfg = self._turn_cfg(sampling_cfg)
 
     if self.env_cfg.keep_cache:
       kept = KeptCache(params, model_cfg, turn_cfg, mesh=mesh, tokenizer=self.tokenizer, stop_strings=self.stop_strings)
@@ -275,11 +357,18 @@ class EpisodePlayer:
 
     return sample_round
 
-  def play_rounds(self, sample_round: RoundSampler, examples: Sequence[Example], *, version: int = -1,
+  def play_rounds(self, turns, examples: Sequence[Example], *, version: int = -1,
                   fault_point: str | None = None) -> RolloutBatch:
-    """One episode per example, each round's turns from `sample_round` (any engine's). -> their RolloutBatch."""
+    """One episode per example, their turns from `turns` (any engine's): a RoundSampler (`play`) or
+    continuous slots (`play_slots`). -> their RolloutBatch."""
     episodes = [Episode(self.make_env(), self.renderer, ex, self.limits) for ex in examples]
-    played = play(episodes, sample_round, self._executor, fault_point)
+    if callable(getattr(turns, "advance", None)):
+      try:
+        played = play_slots(episodes, turns, self._executor, fault_point)
+      finally:
+        turns.close()
+    else:
+      played = play(episodes, turns, self._executor, fault_point)
     return episode_batch(played, examples, prompt_len=self.prompt_len, response_len=self.env_cfg.max_tokens,
                          tokenizer=self.tokenizer, version=version)
 

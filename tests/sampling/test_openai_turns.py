@@ -63,3 +63,59 @@ def test_parse_turn_refuses_an_unknown_stop_and_a_long_answer():
   resp["choices"][0]["finish_reason"] = "length"
   ids, logp, finish = parse_turn(resp, 2, **kw)
   assert ids == (5, 6) and finish == FINISH_LENGTH and logp.tolist() == pytest.approx([math.log(0.5)] * 2)
+
+
+class _Answers:
+  """An environment of three turns: after each of the first two, an observation that says how long the
+  turn was; an episode whose turn was cut ends there."""
+
+  stop_strings = ("=",)
+
+  def reset(self, example):
+    self.turns = 0
+    return [{"role": "user", "content": example.prompt}]
+
+  def step(self, turn, *, truncated=False):
+    from jaxrl_llm.envs.base import Observation
+    self.turns += 1
+    if truncated:
+      return Observation((), {"correct": 0.0}, True, "token_limit")
+    if self.turns < 3:
+      return Observation(({"role": "tool", "content": f"<{len(turn)}>"},), {"correct": 0.0}, False, "tool_result")
+    return Observation((), {"correct": 1.0}, True, "answer")
+
+
+def test_episodes_as_they_come_are_the_lock_step_episodes(server):  # noqa: F811
+  """`OpenAISlots` sends each turn as soon as its episode needs it (training/episodes.play_slots), the
+  lock-step rounds send every live episode's turn together (`play`): the same requests, so the same
+  episodes from a server whose answers depend on the request alone, seed included."""
+  import concurrent.futures
+
+  from jaxrl_llm.envs.episode import Episode, EpisodeLimits
+  from jaxrl_llm.envs.render import PlainRenderer
+  from jaxrl_llm.sampling.openai_turns import OpenAISlots, round_sampler
+  from jaxrl_llm.tasks.base import Example
+  from jaxrl_llm.training.episodes import play, play_slots
+
+  eng = engine(server, sampling(temperature=1.0, n_samples=1), concurrency=3)
+  limits = EpisodeLimits(max_turn_tokens=6, max_context_tokens=60, max_response_tokens=50)
+  prompts = ["12+3=", "7*6=", "9-", "1+1=", "40+2=", "8", "3*3=", "5+"]
+
+  def episodes():
+    return [Episode(_Answers(), PlainRenderer(TOK), Example(prompt=p, answer=""), limits) for p in prompts]
+
+  key = jax.random.key(4)
+  lock_step = play(episodes(), round_sampler(eng, key, stop_strings=_Answers.stop_strings))
+  n_requests = len(server.requests)
+  slots = OpenAISlots(eng, key, stop_strings=_Answers.stop_strings)
+  with concurrent.futures.ThreadPoolExecutor(2) as executor:
+    as_they_come = play_slots(episodes(), slots, executor)
+  slots.close()
+  assert len(server.requests) == 2 * n_requests  # one request per turn, both ways
+  turns = []
+  for a, b in zip(lock_step, as_they_come):
+    assert a.sampled == b.sampled and a.result.status == b.result.status
+    np.testing.assert_array_equal(a.result.rendered.ids_T, b.result.rendered.ids_T)
+    np.testing.assert_array_equal(a.behav_logp, b.behav_logp)
+    turns.append(a.result.n_turns)
+  assert len(set(turns)) >= 2, turns  # episodes of different lengths: the schedules differ

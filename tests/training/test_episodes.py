@@ -5,6 +5,7 @@ the trained ids are the sampled ids, and a tool that hangs or crashes ends only 
 import base64
 import json
 import os
+import types
 
 import numpy as np
 import pytest
@@ -412,11 +413,16 @@ class EchoEnv:
 
 @pytest.mark.slow
 def test_the_kept_cache_plays_the_reference_episodes(monkeypatch):
-  """The trainer's episode player with env.keep_cache (the default) gives the rows of re-encoding every
-  turn's whole history: the same ids, labels and statuses, log mu to float rounding."""
+  """The trainer's episode player with env.keep_cache (the default), and on 5 continuous slots
+  (rollout.continuous_slots, sampling/episode_slots.py: 12 episodes, so some wait for a slot; through
+  the built-in engine's turn sampler and EpisodeEngine, the training's path), gives
+  the rows of re-encoding every turn's whole history: the same ids, labels and statuses, log mu to
+  float rounding."""
   import jax
 
   from jaxrl_llm.model import ModelConfig, init_params
+  from jaxrl_llm.sampling.engine import JaxSampler
+  from jaxrl_llm.sampling.episode_slots import EpisodeSlots
 
   monkeypatch.setattr(registry, "_ENVS", dict(registry._ENVS))
   registry.register_env("echo", lambda cfg, task, pool, tok: EchoEnv())
@@ -429,18 +435,30 @@ def test_the_kept_cache_plays_the_reference_episodes(monkeypatch):
 
   sampling = SamplingConfig(temperature=1.0, max_new_tokens=8, pad_id=TOK.pad_id, eos_ids=(TOK.eos_id,))
   batches = {}
-  for keep in (True, False):
+  for way, keep, slots in (("kept", True, 0), ("reference", False, 0), ("slots", True, 5)):
     cfg = from_config_dict(shrink(get_config("gspo"), **{
         "env.name": "echo", "env.max_turns": 3, "env.max_turn_tokens": 8, "env.max_tokens": 96,
-        "env.keep_cache": keep, "data.max_prompt_len": 8}))
+        "env.keep_cache": keep, "data.max_prompt_len": 8, "rollout.continuous_slots": slots,
+        "rollout.decode_chunk": 3}))
     player = episodes_lib.EpisodePlayer(cfg, task, TOK)
     try:
-      batches[keep] = player.play(params, model_cfg, examples, sampling, jax.random.key(1))
+      if way == "slots":  # the training's path: the built-in engine's turn sampler
+        engine = JaxSampler(model_cfg=model_cfg, sampling_cfg=sampling, tokenizer=TOK, slots=slots, chunk=3)
+        engine.sync(params, 0)
+        prompts = types.SimpleNamespace(prompts=[e.prompt for e in examples], answers=[e.answer for e in examples],
+                                        tags=[e.tag for e in examples])
+        assert isinstance(engine.turn_sampler(player, jax.random.key(1)), EpisodeSlots)
+        batches[way] = episodes_lib.EpisodeEngine(engine, player, sampling).generate(prompts, jax.random.key(1))
+      else:
+        batches[way] = player.play(params, model_cfg, examples, sampling, jax.random.key(1))
     finally:
       player.close()
-  kept, ref = batches[True], batches[False]
-  for name in ("tokens_BR", "mask_BR", "context_BR", "turn_BR", "prompt_BP"):
-    np.testing.assert_array_equal(getattr(kept, name), getattr(ref, name), err_msg=name)
-  np.testing.assert_allclose(np.asarray(kept.behav_logp_BR), np.asarray(ref.behav_logp_BR), atol=2e-5)
-  assert kept.statuses == ref.statuses
+  ref = batches["reference"]
+  for way in ("kept", "slots"):
+    got = batches[way]
+    for name in ("tokens_BR", "mask_BR", "context_BR", "turn_BR", "prompt_BP"):
+      np.testing.assert_array_equal(getattr(got, name), getattr(ref, name), err_msg=f"{way}: {name}")
+    np.testing.assert_allclose(np.asarray(got.behav_logp_BR), np.asarray(ref.behav_logp_BR), atol=2e-5, err_msg=way)
+    assert got.statuses == ref.statuses, way
+  kept = batches["kept"]
   assert (kept.turn_BR.max(axis=1) == 2).sum() >= 6  # most episodes reached their third turn
