@@ -48,22 +48,38 @@ class TwoTurnEnv:
 
 @pytest.mark.slow
 def test_episodes_through_llama_cpp_are_token_in_token_out(tmp_path):
-  rounds_per_play = []
-  real_play = episodes_lib.play
+  turns_per_play = []  # per play: {episode: [(ids, log mu), ...]} in turn order
+  real_play, real_play_slots = episodes_lib.play, episodes_lib.play_slots
 
-  def recording_play(episodes, sample_round, executor=None, fault_point=None):
-    rounds = []
-    rounds_per_play.append(rounds)
+  def recording_play(episodes, sample_round, executor=None, fault_point=None):  # the built-in evaluation's
+    turns = {b: [] for b in range(len(episodes))}
+    turns_per_play.append(turns)
 
     def record(contexts, budgets, rnd):
       out = sample_round(contexts, budgets, rnd)
-      rounds.append((list(budgets), out))
+      for b, n in enumerate(budgets):
+        if n:
+          turns[b].append((out.ids[b], out.behav_logp[b]))
       return out
     return real_play(episodes, record, executor, fault_point)
+
+  def recording_play_slots(episodes, slots, executor=None, fault_point=None):  # the server's turns, as they come
+    turns = {b: [] for b in range(len(episodes))}
+    turns_per_play.append(turns)
+    advance = slots.advance
+
+    def record(steps=()):
+      ended = advance(steps)
+      for t in ended:
+        turns[t.episode].append((t.ids, t.behav_logp))
+      return ended
+    slots.advance = record
+    return real_play_slots(episodes, slots, executor, fault_point)
 
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(registry, "_ENVS", dict(registry._ENVS))
     mp.setattr(episodes_lib, "play", recording_play)
+    mp.setattr(episodes_lib, "play_slots", recording_play_slots)
     registry.register_env("two_turn", lambda cfg, task, pool, tok: TwoTurnEnv())
     cfg = from_config_dict(shrink(get_config("gspo"), **{
         "env.name": "two_turn", "env.max_turns": 3, "env.max_turn_tokens": 6, "env.max_tokens": 40,
@@ -79,14 +95,14 @@ def test_episodes_through_llama_cpp_are_token_in_token_out(tmp_path):
     # f32 export: the server's mu on every policy token = the trainer's pi_prox, turn 2 after the observation
     assert r["mismatch/log_c_abs_mean"] < 1e-3, r["mismatch/log_c_abs_mean"]
   # The plays: the start evaluation (built-in sampler, 8 examples), steps 1 and 2 (the server), the end's.
-  assert [len(p[0][0]) for p in rounds_per_play] == [8, 32, 32, 8]
+  assert [len(p) for p in turns_per_play] == [8, 32, 32, 8]
   a, _ = token_dump.read_dump(str(tmp_path), 1)
-  rounds = rounds_per_play[1]
-  assert len(rounds) == 2
+  turns = turns_per_play[1]
+  assert all(len(t) == 2 for t in turns.values())
   observation = TOK.encode("<result>ok</result>")
   for b in range(32):
-    ids = sum((out.ids[b] for budgets, out in rounds if budgets[b]), ())
-    logp = np.concatenate([out.behav_logp[b] for budgets, out in rounds if budgets[b]])
+    ids = sum((t[0] for t in turns[b]), ())
+    logp = np.concatenate([t[1] for t in turns[b]])
     sampled = a["sampled_BR"][b]
     assert a["tokens_BR"][b][sampled].tolist() == list(ids)  # trained on exactly what the server sampled
     np.testing.assert_array_equal(a["behav_logp_BR"][b][sampled], logp)
