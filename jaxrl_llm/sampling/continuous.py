@@ -5,16 +5,16 @@ long-tailed response lengths most rows then idle for most of the loop. Here the 
 samples of a call queue for `slots` rows of one decode state, and the loop runs in chunks:
 
     admit:  the slots whose sample ended (or that never had one) take the next queued samples: their
-            prompts are encoded as one block (jitted `admit`, prefill interleaved with decode), and
-            in the same forward every running slot feeds its last token, so every slot samples its
-            next token;
+            prompts are encoded as one block of those rows only (jitted `admit`: the rows gathered
+            from the decode state, encoded, their token 0 sampled, and scattered back; the running
+            slots wait for the next decode step);
     decode: `chunk` decode steps (jitted `decode_chunk`); a row that ends idles until the chunk's
             end: end of sequence is looked at on the host once per chunk, not per step;
     read:   the ended samples' records are copied out, and when the cache has no room left for a
             block and a chunk, its valid slots are moved to the front of each row (`compact`).
 
 Shapes are static: the slots, the cache's S = 2 P + R + chunk slots (P the padded prompt width), the
-record's R columns. The KV cache's slots need not be contiguous per row (attention reads the valid
+record's R columns; an admission's rows are padded to a power of two (`admitted_rows`). The KV cache's slots need not be contiguous per row (attention reads the valid
 ones, RoPE takes each token's own position), so a slot that takes a new sample only marks its old
 slots invalid.
 
@@ -31,13 +31,14 @@ sample's prompt; the static sampler encodes it once per group).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from jaxrl_llm import faults
 from jaxrl_llm.model import sharding as sharding_lib
@@ -65,62 +66,85 @@ def idle_state(model_cfg: ModelConfig, cfg: SamplingConfig, slots: int, cache_le
       finish_reason_B=jnp.full((slots,), FINISH_LENGTH, jnp.int32), length_B=zeros(), step_B=zeros())
 
 
+def _rows_of(state: DecodeState, rows_N: jax.Array) -> DecodeState:
+  """The rows `rows_N` of every per-row buffer (the cache's too); an index past the last row reads the
+  last (a padding entry: computed, then dropped by `_put_rows`)."""
+  take = lambda x: jnp.take(x, rows_N, axis=0, mode="clip")  # noqa: E731
+  changes = {f.name: take(getattr(state, f.name)) for f in dataclasses.fields(state)
+             if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
+  changes["row_keys_B"] = jax.random.wrap_key_data(take(jax.random.key_data(state.row_keys_B)))
+  return state.replace(cache=state.cache.map_rows(take), **changes)
+
+
+def _put_rows(state: DecodeState, sub: DecodeState, rows_N: jax.Array) -> DecodeState:
+  """`state` with rows `rows_N` replaced by `sub`'s (an index past the last row is dropped)."""
+  put = lambda x, y: x.at[rows_N].set(y, mode="drop")  # noqa: E731
+  changes = {f.name: put(getattr(state, f.name), getattr(sub, f.name)) for f in dataclasses.fields(state)
+             if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
+  changes["row_keys_B"] = jax.random.wrap_key_data(
+      put(jax.random.key_data(state.row_keys_B), jax.random.key_data(sub.row_keys_B)))
+  c, sc = state.cache, sub.cache
+  cache = c.replace(k_BKHS=tuple(put(k, sk) for k, sk in zip(c.k_BKHS, sc.k_BKHS)),
+                    v_BKSH=tuple(put(v, sv) for v, sv in zip(c.v_BKSH, sc.v_BKSH)),
+                    mask_BS=put(c.mask_BS, sc.mask_BS), index=sc.index,
+                    positions_BS=None if c.positions_BS is None else put(c.positions_BS, sc.positions_BS))
+  return state.replace(cache=cache, **changes)
+
+
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "data_axis"), donate_argnames=("state",))
-def admit(params: dict, state: DecodeState, prompt_BE: jax.Array, prompt_mask_BE: jax.Array, new_B: jax.Array,
-          sample_B: jax.Array, key: jax.Array, start_B: jax.Array | None = None, keep_B: jax.Array | None = None,
-          turn_B: jax.Array | None = None, budget_B: jax.Array | None = None, *, model_cfg: ModelConfig,
+def admit(params: dict, state: DecodeState, prompt_NE: jax.Array, prompt_mask_NE: jax.Array, rows_N: jax.Array,
+          sample_N: jax.Array, key: jax.Array, start_N: jax.Array | None = None, keep_N: jax.Array | None = None,
+          turn_N: jax.Array | None = None, budget_N: jax.Array | None = None, *, model_cfg: ModelConfig,
           cfg: SamplingConfig, mesh: Mesh | None = None, data_axis: tuple[str, ...] = ()) -> DecodeState:
-  """Slots with new_B take sample sample_B[b] (its prompt right-aligned in prompt_BE); every running
-  slot feeds its last token in the same forward; every slot that runs then samples its next token.
+  """Slot rows_N[n] takes sample sample_N[n], its prompt right-aligned in prompt_NE, and samples its
+  token 0. Only the admitted rows are computed (a forward over N x E tokens, not every slot's): the
+  running slots wait for the next decode step, whose keys and positions are their own, so their
+  tokens do not change. An entry rows_N[n] >= slots is padding (N is rounded up to a few sizes, so
+  that `admit` compiles for a few shapes), computed and dropped. The block is written to the cache's
+  slots [index, index + E) of the admitted rows; the other rows' slots there stay invalid.
 
   Sample b draws with fold_in(key, b). An episode's turn (sampling/episode_slots.py) passes more:
-  start_B, the RoPE position of the block's first token (None: 0, a prompt); keep_B, new slots that
-  keep their cache (the block continues the context it holds; None: every new slot forgets); turn_B,
-  then sample b's turn k draws with fold_in(fold_in(key, k), b), the lock-step rounds' key; budget_B,
-  the most tokens the new turn may sample (the state must carry budgets)."""
+  start_N, the RoPE position of the block's first token (None: 0, a prompt); keep_N, rows that keep
+  their cache (the block continues the context it holds; None: every admitted row forgets its old
+  sample); turn_N, then sample b's turn k draws with fold_in(fold_in(key, k), b), the lock-step
+  rounds' key; budget_N, the most tokens the new turn may sample (the state must carry budgets)."""
   params = cast_params(params, cfg.dtype)
   state = shard_rows(state, mesh, data_axis)
-  B, E = prompt_BE.shape
-  running_B = state.active_B & ~new_B
-  last_E = jnp.arange(E) == E - 1
-  # The block: a new slot's prompt; a running slot's last token at the end; an idle one nothing (its
-  # queries see no key and give zeros, not recorded; its cache, an episode's between turns, is kept).
-  tokens_BE = jnp.where(new_B[:, None], prompt_BE, jnp.where(last_E, state.last_B[:, None], cfg.pad_id))
-  mask_BE = jnp.where(new_B[:, None], prompt_mask_BE, last_E[None, :] & running_B[:, None])
-  counts_BE = jnp.cumsum(mask_BE.astype(jnp.int32), axis=1)
-  start_B = jnp.zeros((B,), jnp.int32) if start_B is None else start_B
-  own_B = jnp.where(running_B, state.prompt_len_B + state.step_B - 1, 0)  # the running slot's last token
-  positions_BE = jnp.where(new_B[:, None], start_B[:, None] + counts_BE - 1, own_B[:, None])
-  positions_BE = jnp.where(mask_BE, positions_BE, 0)
-  forget_B = new_B if keep_B is None else new_B & ~keep_B
-  cache = state.cache.replace(mask_BS=state.cache.mask_BS & ~forget_B[:, None])  # a new sample's slot forgets
-  hidden_BED, cache = forward(params, model_cfg, tokens_BE.astype(jnp.int32), positions_BE, mask_BE, cache)
-  logits_BV = logits(params, model_cfg, hidden_BED[:, -1:])[:, 0]
-
-  def fresh(new, old, fill):  # a new slot's record starts empty
-    shape = (B,) + (1,) * (old.ndim - 1)
-    return jnp.where(new_B.reshape(shape), jnp.asarray(fill, old.dtype), old)
-
+  N, E = prompt_NE.shape
+  R, K = cfg.max_new_tokens, cfg.record_topk
+  sub = _rows_of(state, rows_N)
+  counts_NE = jnp.cumsum(prompt_mask_NE.astype(jnp.int32), axis=1)
+  start_N = jnp.zeros((N,), jnp.int32) if start_N is None else start_N
+  positions_NE = jnp.where(prompt_mask_NE, start_N[:, None] + counts_NE - 1, 0)
+  kept_NS = sub.cache.mask_BS & (jnp.zeros((N, 1), bool) if keep_N is None else keep_N[:, None])
+  cache = sub.cache.replace(mask_BS=kept_NS)  # a new sample's slot forgets; an episode's next turn keeps it
+  hidden_NED, cache = forward(params, model_cfg, prompt_NE.astype(jnp.int32), positions_NE,
+                              prompt_mask_NE.astype(jnp.bool_), cache)
+  logits_NV = logits(params, model_cfg, hidden_NED[:, -1:])[:, 0]
   fold_one, fold_each = (jax.vmap(jax.random.fold_in, in_axes=(axis, 0)) for axis in (None, 0))
-  keys_B = jax.random.key_data(fold_one(key, sample_B) if turn_B is None
-                               else fold_each(fold_one(key, turn_B), sample_B))
-  budgets = {}
-  if budget_B is not None:
-    budgets["budget_B"] = jnp.where(new_B, budget_B, state.budget_B)
-  state = state.replace(
-      cache=cache,
-      row_keys_B=jax.random.wrap_key_data(jnp.where(new_B[:, None], keys_B, jax.random.key_data(state.row_keys_B))),
-      prompt_len_B=jnp.where(new_B, start_B + counts_BE[:, -1], state.prompt_len_B),
-      active_B=running_B | new_B,
-      step_B=jnp.where(new_B, 0, state.step_B),
-      tokens_BR=fresh(new_B, state.tokens_BR, cfg.pad_id), mask_BR=fresh(new_B, state.mask_BR, False),
-      behav_logp_BR=fresh(new_B, state.behav_logp_BR, 0.0),
-      raw_logp_BR=None if state.raw_logp_BR is None else fresh(new_B, state.raw_logp_BR, 0.0),
-      topk_ids_BRK=None if state.topk_ids_BRK is None else fresh(new_B, state.topk_ids_BRK, cfg.pad_id),
-      topk_logp_BRK=None if state.topk_logp_BRK is None else fresh(new_B, state.topk_logp_BRK, 0.0),
-      finish_reason_B=jnp.where(new_B, FINISH_LENGTH, state.finish_reason_B),
-      length_B=jnp.where(new_B, 0, state.length_B), **budgets)
-  return shard_rows(record_sample(state, logits_BV, cfg), mesh, data_axis)
+  keys_N = fold_one(key, sample_N) if turn_N is None else fold_each(fold_one(key, turn_N), sample_N)
+  zeros = jnp.zeros((N,), jnp.int32)
+  sub = sub.replace(
+      cache=cache, row_keys_B=keys_N, prompt_len_B=start_N + counts_NE[:, -1],
+      last_B=jnp.full((N,), cfg.pad_id, jnp.int32), active_B=jnp.ones((N,), bool), step_B=zeros,
+      tokens_BR=jnp.full((N, R), cfg.pad_id, jnp.int32), mask_BR=jnp.zeros((N, R), bool),
+      behav_logp_BR=jnp.zeros((N, R), jnp.float32),
+      raw_logp_BR=None if state.raw_logp_BR is None else jnp.zeros((N, R), jnp.float32),
+      topk_ids_BRK=None if state.topk_ids_BRK is None else jnp.full((N, R, K), cfg.pad_id, jnp.int32),
+      topk_logp_BRK=None if state.topk_logp_BRK is None else jnp.zeros((N, R, K), jnp.float32),
+      finish_reason_B=jnp.full((N,), FINISH_LENGTH, jnp.int32), length_B=zeros,
+      budget_B=None if state.budget_B is None else (budget_N if budget_N is not None else sub.budget_B))
+  sub = record_sample(sub, logits_NV, cfg)
+  return shard_rows(_put_rows(state, sub.replace(step=state.step), rows_N), mesh, data_axis)
+
+
+def admitted_rows(n: int, slots: int, shards: int = 1) -> int:
+  """The padded number of rows of an admission of n: slots / 8 doubled until n fits (a multiple of the
+  mesh's batch shards), at most the slots; so `admit` compiles for at most four row counts."""
+  size = max(shards, slots // 8, 1)
+  while size < n:
+    size *= 2
+  return min(size, slots)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "chunk", "mesh", "data_axis"),
@@ -182,15 +206,13 @@ def generate_continuous(params: dict, model_cfg: ModelConfig, prompt_tokens_BP, 
   block_mask = np.zeros((B0, P), bool)
   for i in range(B0):
     block[i, P - lengths[i]:], block_mask[i, P - lengths[i]:] = tokens_np[i][mask_np[i]], True
-  data_axis, rows = (), None
+  data_axis, shards = (), 1
   if mesh is not None:
     data_axis = resolve_data_axis(mesh, None)
     shards = int(np.prod([mesh.shape[a] for a in data_axis]))
     if slots % shards:
       raise ValueError(f"generate_continuous: slots={slots} do not split evenly over data_axis {data_axis!r} of "
                        f"size {shards}")
-    rows = NamedSharding(mesh, PartitionSpec(data_axis))
-  placed = functools.partial(jax.device_put, device=rows) if rows is not None else (lambda x: x)
   on_mesh = dict(mesh=mesh, data_axis=data_axis)
   run_cfg = sampler_model_config(model_cfg, cfg)
   S = 2 * P + R + chunk
@@ -220,19 +242,18 @@ def generate_continuous(params: dict, model_cfg: ModelConfig, prompt_tokens_BP, 
       break
     if int(state.cache.index) + P + chunk > S:
       state = compact(state, **on_mesh)
-    new_B = np.zeros((slots,), bool)
-    sample_B = np.zeros((slots,), np.int32)
-    prompt_BE = np.full((slots, P), cfg.pad_id, np.int32)
-    prompt_mask_BE = np.zeros((slots, P), bool)
-    for s in free:
-      if not queue:
-        break
-      b = queue.popleft()
-      holder[s], new_B[s], sample_B[s] = b, True, b
-      prompt_BE[s], prompt_mask_BE[s] = block[b // n], block_mask[b // n]
-    if new_B.any():
-      state = admit(params, state, *placed((prompt_BE, prompt_mask_BE, new_B, sample_B)), key, model_cfg=run_cfg,
-                    cfg=cfg, **on_mesh)
+    taking = free[:len(queue)]
+    if taking:
+      N = admitted_rows(len(taking), slots, shards)
+      rows_N = np.full((N,), slots, np.int32)  # padding past the last slot: dropped
+      sample_N = np.zeros((N,), np.int32)
+      prompt_NE, prompt_mask_NE = np.full((N, P), cfg.pad_id, np.int32), np.zeros((N, P), bool)
+      for i, s in enumerate(taking):
+        b = queue.popleft()
+        holder[s], rows_N[i], sample_N[i] = b, s, b
+        prompt_NE[i], prompt_mask_NE[i] = block[b // n], block_mask[b // n]
+      state = admit(params, state, prompt_NE, prompt_mask_NE, rows_N, sample_N, key, model_cfg=run_cfg, cfg=cfg,
+                    **on_mesh)
     state = decode_chunk(params, state, model_cfg=run_cfg, cfg=cfg, chunk=chunk, **on_mesh)
     active = np.asarray(sharding_lib.fetch(state.active_B))
     faults.point("decode_chunk")  # the reliability matrix: a kill with samples in the slots

@@ -9,10 +9,9 @@ batcher does (sampling/continuous.py), with an episode's turns in place of sampl
 
     submit:  an episode that needs a turn (its first, or the next after its environment answered)
              queues it on its slot; a new episode takes a free slot;
-    advance: the queued turns are admitted as one block (`continuous.admit`: the slot keeps its cache
-             and appends only what is new since its last turn, the turn's last token and the
-             observation), every running slot feeds its last token in the same forward; then one
-             chunk of decode steps; the turns that ended are read on the host, cut after a stop
+    advance: the queued turns are admitted as one block of their rows only (`continuous.admit`: the
+             slot keeps its cache and appends only what is new since its last turn, the turn's last
+             token and the observation); then one chunk of decode steps; the turns that ended are read on the host, cut after a stop
              string the loop did not see (`turns._host_turns`), and returned;
     release: a finished episode's slot is free for the next queued episode.
 
@@ -36,7 +35,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from jaxrl_llm.model import sharding as sharding_lib
 from jaxrl_llm.model.config import ModelConfig
@@ -81,14 +80,13 @@ class EpisodeSlots:
     self.tokenizer, self.stop_strings = tokenizer, tuple(stop_strings)
     self.block_multiple = block_multiple
     self.capacity = slots
-    self.data_axis, self._rows = (), None
+    self.data_axis, self.shards = (), 1
     if mesh is not None:
       self.data_axis = resolve_data_axis(mesh, None)
-      shards = int(np.prod([mesh.shape[a] for a in self.data_axis]))
-      if slots % shards:
+      self.shards = int(np.prod([mesh.shape[a] for a in self.data_axis]))
+      if slots % self.shards:
         raise ValueError(f"EpisodeSlots: slots={slots} do not split evenly over data_axis {self.data_axis!r} of "
-                         f"size {shards}")
-      self._rows = NamedSharding(mesh, PartitionSpec(self.data_axis))
+                         f"size {self.shards}")
     self.mesh = mesh
     self.width = _round_up(context_len, block_multiple)  # the widest block: a whole context
     # A row's valid slots (at most context_len, all a compaction keeps) + the next block + a chunk.
@@ -130,28 +128,33 @@ class EpisodeSlots:
     self.free.sort()
 
   def _admit(self) -> None:
-    S, W = self.capacity, self.cfg.pad_id
-    blocks, keep, start = {}, np.zeros((S,), bool), np.zeros((S,), np.int32)
+    blocks, keep, start = [], [], []
     for slot, _, context, _, _ in self.queued:
       held = self.held[slot]
       if held and len(context) > len(held) and context[:len(held)] == held:
-        blocks[slot], keep[slot], start[slot] = context[len(held):], True, len(held)
+        blocks.append(context[len(held):])
+        keep.append(True)
+        start.append(len(held))
       else:  # a first turn, or a cache that holds tokens a host-side cut dropped: the whole context
-        blocks[slot] = context
-    E = _round_up(max(len(b) for b in blocks.values()), self.block_multiple)
+        blocks.append(context)
+        keep.append(False)
+        start.append(0)
+    E = self.block_multiple  # a power of two times it: a few compiled widths
+    while E < max(len(b) for b in blocks):
+      E *= 2
+    E = min(E, self.width)
     self._make_room(E)
-    block_BE, mask_BE = np.full((S, E), W, np.int32), np.zeros((S, E), bool)
-    new_B, episode_B, turn_B, budget_B = (np.zeros((S,), t) for t in (bool, np.int32, np.int32, np.int32))
-    for slot, episode, _, budget, turn in self.queued:
-      ids = blocks[slot]
-      block_BE[slot, E - len(ids):], mask_BE[slot, E - len(ids):] = ids, True
-      new_B[slot], episode_B[slot], turn_B[slot], budget_B[slot] = True, episode, turn, budget
-    inputs = (block_BE, mask_BE, new_B, episode_B, start, keep, turn_B, budget_B)
-    if self._rows is not None:
-      inputs = sharding_lib.put(inputs, self._rows)
-    block, mask, new, episode, start_d, keep_d, turn, budget = inputs
-    self.state = continuous.admit(self.params, self.state, block, mask, new, episode, self.key, start_d, keep_d,
-                                  turn, budget, model_cfg=self.run_cfg, cfg=self.cfg, mesh=self.mesh,
+    N = continuous.admitted_rows(len(self.queued), self.capacity, self.shards)
+    rows_N = np.full((N,), self.capacity, np.int32)  # padding past the last slot: dropped
+    episode_N, turn_N, budget_N, start_N = (np.zeros((N,), np.int32) for _ in range(4))
+    keep_N = np.zeros((N,), bool)
+    block_NE, mask_NE = np.full((N, E), self.cfg.pad_id, np.int32), np.zeros((N, E), bool)
+    for n, ((slot, episode, _, budget, turn), ids) in enumerate(zip(self.queued, blocks)):
+      block_NE[n, E - len(ids):], mask_NE[n, E - len(ids):] = ids, True
+      rows_N[n], episode_N[n], turn_N[n], budget_N[n] = slot, episode, turn, budget
+      keep_N[n], start_N[n] = keep[n], start[n]
+    self.state = continuous.admit(self.params, self.state, block_NE, mask_NE, rows_N, episode_N, self.key, start_N,
+                                  keep_N, turn_N, budget_N, model_cfg=self.run_cfg, cfg=self.cfg, mesh=self.mesh,
                                   data_axis=self.data_axis)
     for slot, episode, context, budget, _ in self.queued:
       self.running[slot] = (episode, context, budget)
