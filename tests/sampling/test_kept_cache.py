@@ -74,7 +74,7 @@ def test_kept_cache_samples_the_reference_turns(case):
   host = dict(tokenizer=spec.get("tokenizer"), stop_strings=spec.get("stop_strings", ()))
   kept = KeptCache(params, cfg_m, cfg, block_multiple=4, slot_multiple=8, **host)
   got = play(kept, jax.random.key(3))
-  want = play(lambda c, n, k: sample_turns(params, cfg_m, c, n, cfg, k, context_multiple=8, **host), jax.random.key(3))
+  want = play(lambda c, n, k: sample_turns(params, cfg_m, c, n, cfg, k, context_multiple=64, **host), jax.random.key(3))
   assert_same_rounds(got, want)
   # The case did what it is named for: turns of several lengths, and for host_cut, cuts that dropped
   # tokens the cache had been fed (the next round would differ if they stayed valid).
@@ -95,7 +95,7 @@ def test_kept_cache_with_sliding_window_layers_and_a_mesh():
   mesh = Mesh(np.asarray(jax.devices()[:2]), ("data",))
   kept = KeptCache(params, cfg_m, cfg, mesh=mesh, block_multiple=4, slot_multiple=8)
   got = play(kept, jax.random.key(5))
-  want = play(lambda c, n, k: sample_turns(params, cfg_m, c, n, cfg, k, context_multiple=8), jax.random.key(5))
+  want = play(lambda c, n, k: sample_turns(params, cfg_m, c, n, cfg, k, context_multiple=64), jax.random.key(5))
   assert_same_rounds(got, want)
 
 
