@@ -15,7 +15,8 @@ a change in the machine's load falls on every side alike:
   slots_N        play_slots on N continuous slots (rollout.continuous_slots=N, --chunk decode steps
                  between looks): each episode holds a slot, its turns run as they come
 
-Each side plays one untimed batch first (compilation), then --batches timed ones. Every side must give
+--tool-latency-ms makes every environment step sleep first (a tool that answers slowly), --workers sets
+env.workers. Each side plays one untimed batch first (compilation), then --batches timed ones. Every side must give
 the same episodes (tokens, labels, statuses: the JSON's `same_episodes`); the figure is episodes per
 second over the timed batches, with the machine's load before and after.
 """
@@ -33,6 +34,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 
+def _slowed(make_env, seconds: float):
+  """make_env whose environments sleep `seconds` before each step."""
+  def make():
+    env = make_env()
+    step = env.step
+
+    def slow_step(*args, **kwargs):
+      time.sleep(seconds)
+      return step(*args, **kwargs)
+    env.step = slow_step
+    return env
+  return make
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--workdir", required=True)
@@ -41,6 +56,10 @@ def main(argv=None) -> None:
   p.add_argument("--slots", type=int, nargs="+", default=[32, 64])
   p.add_argument("--chunk", type=int, default=8)
   p.add_argument("--batches", type=int, default=3)
+  p.add_argument("--tool-latency-ms", "--tool_latency_ms", type=float, default=0.0,
+                 help="each environment step first sleeps this long (a tool that answers slowly: a sandbox, a "
+                      "web call); 0: the environment as it is")
+  p.add_argument("--workers", type=int, default=0, help="env.workers (step threads and tool workers); 0: the run's")
   args = p.parse_args(argv)
 
   import jax
@@ -74,7 +93,11 @@ def main(argv=None) -> None:
   for side, n in sides.items():
     side_cfg = dataclasses.replace(data.cfg, rollout=dataclasses.replace(data.cfg.rollout, continuous_slots=n,
                                                                          decode_chunk=args.chunk))
+    if args.workers:
+      side_cfg = dataclasses.replace(side_cfg, env=dataclasses.replace(side_cfg.env, workers=args.workers))
     players[side] = EpisodePlayer(side_cfg, data.task, data.tokenizer)
+    if args.tool_latency_ms:
+      players[side].make_env = _slowed(players[side].make_env, args.tool_latency_ms / 1000)
   results = {side: {"seconds": [], "first_call_s": None} for side in sides}
   played = {side: [] for side in sides}
   load_before = harness.load()
@@ -107,6 +130,7 @@ def main(argv=None) -> None:
   lengths = [int(b.mask_BR.sum()) for b in ref]
   out = {"workdir": os.path.abspath(args.workdir), "step": int(step), "config": cfg.name,
          "episodes_per_batch": len(batches[0]), "timed_batches": args.batches, "chunk": args.chunk,
+         "tool_latency_ms": args.tool_latency_ms, "workers": args.workers or cfg.env.workers,
          "turns_per_episode": turns, "policy_tokens_per_batch": lengths,
          "statuses": {s: ref[-1].statuses.count(s) for s in sorted(set(ref[-1].statuses))},
          "sides": results, "same_episodes": same,
