@@ -14,9 +14,9 @@ samples of a call queue for `slots` rows of one decode state, and the loop runs 
             block and a chunk, its valid slots are moved to the front of each row (`compact`).
 
 Shapes are static: the slots, the cache's S = 2 P + R + chunk slots (P the padded prompt width), the
-record's R columns; an admission's rows are padded to a power of two (`admitted_rows`). The KV cache's slots need not be contiguous per row (attention reads the valid
-ones, RoPE takes each token's own position), so a slot that takes a new sample only marks its old
-slots invalid.
+record's R columns; an admission's rows are padded to a few sizes (`admitted_rows`). The KV cache's
+slots need not be contiguous per row (attention reads the valid ones, RoPE takes each token's own
+position), so a slot that takes a new sample only marks its old slots invalid.
 
 Randomness is keyed per sample and position as in the static sampler: sample b (prompt b // n,
 its b % n-th draw) samples token t with fold_in(fold_in(key, b), t), whatever slot or chunk it runs

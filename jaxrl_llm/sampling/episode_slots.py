@@ -11,8 +11,9 @@ batcher does (sampling/continuous.py), with an episode's turns in place of sampl
              queues it on its slot; a new episode takes a free slot;
     advance: the queued turns are admitted as one block of their rows only (`continuous.admit`: the
              slot keeps its cache and appends only what is new since its last turn, the turn's last
-             token and the observation); then one chunk of decode steps; the turns that ended are read on the host, cut after a stop
-             string the loop did not see (`turns._host_turns`), and returned;
+             token and the observation); then one chunk of decode steps; the turns that ended are
+             read on the host, cut after a stop string the loop did not see (`turns._host_turns`),
+             and returned;
     release: a finished episode's slot is free for the next queued episode.
 
 Randomness is the lock-step player's: turn k of episode i draws token t with

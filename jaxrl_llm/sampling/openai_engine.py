@@ -398,14 +398,10 @@ class OpenAIEngine:
     self.weight_sync.close()
 
   def turn_sampler(self, player, key):
-    """The episodes' turns as token-id requests to the server, each sent as soon as its episode needs
-    it (sampling/openai_turns.py's `OpenAISlots`); in a run of several processes, where process 0
-    drives the engine and broadcasts each round (sampling/primary_engine.py), in lock-step rounds
-    (`round_sampler`)."""
+    """Episode turns sent as they come (`OpenAISlots`); in rounds for several processes (`round_sampler`)."""
     from jaxrl_llm.sampling import openai_turns  # pylint: disable=import-outside-toplevel
-    if jax.process_count() > 1:
-      return openai_turns.round_sampler(self, key, stop_strings=player.stop_strings)
-    return openai_turns.OpenAISlots(self, key, stop_strings=player.stop_strings)
+    make = openai_turns.round_sampler if jax.process_count() > 1 else openai_turns.OpenAISlots
+    return make(self, key, stop_strings=player.stop_strings)
 
   def metrics(self) -> dict[str, float]:
     """Counters since the start (requests, retries, failures, restarts, syncs, failed checks, timeouts), the
