@@ -132,10 +132,13 @@ class RolloutEngine(Protocol):
     {} for an engine without any."""
 
   def turn_sampler(self, player, key: jax.Array) -> Callable[[list, list, int], Any]:
-    """Episodes (training/episodes.py): the function (contexts, budgets, round) -> that round's
+    """Episodes (training/episodes.py): either the function (contexts, budgets, round) -> that round's
     sampling.turns.SampledTurns, one turn per context under its token budget, sampled with this
-    engine's weights and `player`'s turn settings (its `stop_strings`, `round_sampler`); round k draws
-    with fold_in(key, k). An engine that cannot play episodes raises a ConfigError naming it."""
+    engine's weights and `player`'s turn settings (its `stop_strings`, `round_sampler`; round k draws
+    with fold_in(key, k)), played in lock-step rounds; or an object that takes each turn as it comes
+    (`submit`, `advance`, `release`, `busy`, `capacity`, `close`: sampling/episode_slots.py's
+    `EpisodeSlots`, openai_turns.py's `OpenAISlots`), played by `play_slots`. An engine that cannot play
+    episodes raises a ConfigError naming it."""
 
   def close(self) -> None:
     """Release what the engine holds (processes, connections)."""
