@@ -31,7 +31,6 @@ sample's prompt; the static sampler encodes it once per group).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 
 import jax
@@ -70,8 +69,7 @@ def _rows_of(state: DecodeState, rows_N: jax.Array) -> DecodeState:
   """The rows `rows_N` of every per-row buffer (the cache's too); an index past the last row reads the
   last (a padding entry: computed, then dropped by `_put_rows`)."""
   take = lambda x: jnp.take(x, rows_N, axis=0, mode="clip")  # noqa: E731
-  changes = {f.name: take(getattr(state, f.name)) for f in dataclasses.fields(state)
-             if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
+  changes = {name: take(x) for name, x in state.per_row().items()}
   changes["row_keys_B"] = jax.random.wrap_key_data(take(jax.random.key_data(state.row_keys_B)))
   return state.replace(cache=state.cache.map_rows(take), **changes)
 
@@ -79,8 +77,7 @@ def _rows_of(state: DecodeState, rows_N: jax.Array) -> DecodeState:
 def _put_rows(state: DecodeState, sub: DecodeState, rows_N: jax.Array) -> DecodeState:
   """`state` with rows `rows_N` replaced by `sub`'s (an index past the last row is dropped)."""
   put = lambda x, y: x.at[rows_N].set(y, mode="drop")  # noqa: E731
-  changes = {f.name: put(getattr(state, f.name), getattr(sub, f.name)) for f in dataclasses.fields(state)
-             if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
+  changes = {name: put(x, getattr(sub, name)) for name, x in state.per_row().items()}
   changes["row_keys_B"] = jax.random.wrap_key_data(
       put(jax.random.key_data(state.row_keys_B), jax.random.key_data(sub.row_keys_B)))
   c, sc = state.cache, sub.cache

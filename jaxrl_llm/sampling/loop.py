@@ -56,6 +56,11 @@ class DecodeState:
   budget_B: jax.Array | None = None  # [B] int32 tokens the row may sample, <= R (one turn of an episode); None: R
   step_B: jax.Array | None = None  # [B] int32 each row's own step (continuous batching: sampling/continuous.py); None: `step`
 
+  def per_row(self) -> dict:
+    """{name: buffer} of every per-row buffer but the cache's (rows on axis 0), None fields left out."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(self, f.name) is not None}
+
 
 def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: tuple[str, ...]) -> DecodeState:
   """Constrains every per-row buffer to be split by rows over `data_axis`.
@@ -72,8 +77,7 @@ def shard_rows(state: DecodeState, mesh: Mesh | None, data_axis: tuple[str, ...]
 
   kv_axis = LOGICAL_RULES["kv_heads"]
   kv_axis = kv_axis if kv_axis in mesh.axis_names else None
-  changes = {f.name: rows(getattr(state, f.name), 0) for f in dataclasses.fields(state)
-             if f.name.endswith(("_B", "_BR", "_BRK")) and getattr(state, f.name) is not None}
+  changes = {name: rows(x, 0) for name, x in state.per_row().items()}
   cache = state.cache.map_rows(
       lambda x: rows(x, 0, kv_axis, None, None) if x.ndim == 4 else rows(x, 0))
   return state.replace(cache=cache, **changes)
