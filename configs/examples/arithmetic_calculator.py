@@ -24,21 +24,10 @@ ended context_overflow); the limits below allow what fits, 2 turns (a second cal
 the same episodes with the status that says why.
 """
 
-from jaxrl_llm.envs.calls import RESULT_CLOSE, RESULT_OPEN
+from jaxrl_llm.envs.episode import reachable_max_tokens
 from jaxrl_llm.envs.render import PlainRenderer
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.training.defaults import get_config as _base
-
-
-def reachable_max_tokens(max_turns: int, max_turn_tokens: int, longest_result: int) -> int:
-  """env.max_tokens in which the turn limit can be reached: max_turns turns of max_turn_tokens each and
-  the max_turns - 1 results between them, each the longest the task gives, as the plain renderer
-  tokenises it (the character tokenizer: "<result>108</result>" is 20 tokens). Less room and an episode
-  of long turns runs out of it (context_overflow) before its last turn."""
-  tok = CharTokenizer()
-  result = PlainRenderer(tok).observation_ids([], [], [{"role": "tool",
-                                                        "content": f"{RESULT_OPEN}{longest_result}{RESULT_CLOSE}"}])
-  return max_turns * max_turn_tokens + (max_turns - 1) * len(result)
 
 
 def get_config():
@@ -50,8 +39,8 @@ def get_config():
   c.env.max_turns = 2  # a call and, after its result, the answer (a second call ends the episode: turn_limit)
   c.env.max_turn_tokens = 20  # "<calc>99+9</calc>" is 17 tokens
   # 2 turns of 20 and "<result>108</result>" (99 + 9, the largest sum) between them: 60
-  c.env.max_tokens = reachable_max_tokens(c.env.max_turns, c.env.max_turn_tokens, 10**c.task.digits - 1 +
-                                          10**c.task.digits2 - 1)
+  c.env.max_tokens = reachable_max_tokens(PlainRenderer(CharTokenizer()), c.env.max_turns, c.env.max_turn_tokens,
+                                          str(10**c.task.digits - 1 + 10**c.task.digits2 - 1))
   c.env.workers = 2
   c.rollout.max_response_len = 42  # the warm start's longest demonstration, EOS included, is 41 tokens
   c.rollout.prompts_per_step = 16

@@ -13,8 +13,15 @@ The warm start's right demonstrations (task.tool_demos, tasks/countdown.py) chec
 half of them after a first try with one operator swapped; the wrong ones (60%) answer a swapped
 expression from memory. The control arm without the tool is configs/examples/countdown_no_tool.py;
 the 3-seed comparison is in docs/benchmarks.md ("Tools").
+
+That comparison ran with 4 turns of 24 tokens in 96, where a third call and its result never left room
+for a fourth turn (the episode ended context_overflow, or earlier on a long printed value); the limits
+below allow what fits, 3 turns with every printed value cut to 24 tokens (a third call ends turn_limit).
 """
 
+from jaxrl_llm.envs.episode import reachable_max_tokens
+from jaxrl_llm.envs.render import PlainRenderer
+from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.training.defaults import get_config as _base
 
 
@@ -27,9 +34,13 @@ def get_config():
   c.env.name = "python"
   c.env.call_format = "tags"
   c.env.instructions = False  # the warm start taught the format; the opening prompt is "2,6,8>10:" alone
-  c.env.max_turns = 4  # two checks, the answer, and one more check allowed
+  c.env.max_turns = 3  # a try, a check and the answer (a third call ends the episode: turn_limit)
   c.env.max_turn_tokens = 24  # "<python>9*9*9</python>" is 22 tokens
-  c.env.max_tokens = 96  # a try, its value, the check, its value and the answer take at most 90
+  # what a program prints, cut to 24 tokens ("-0.047619047619047616\n", the longest value of three numbers
+  # from 1-9, is 22); 3 turns of 24 and 2 results of 24 in their tags: 154
+  c.env.max_observation_tokens = 24
+  c.env.max_tokens = reachable_max_tokens(PlainRenderer(CharTokenizer()), c.env.max_turns, c.env.max_turn_tokens,
+                                          "x" * c.env.max_observation_tokens)
   c.env.workers = 2
   c.rollout.max_response_len = 92  # the warm start's longest demonstration, EOS included, is 91 tokens
   c.rollout.prompts_per_step = 16

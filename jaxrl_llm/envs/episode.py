@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 from jaxrl_llm.checks import check_int
 from jaxrl_llm.envs.base import Env, Observation
+from jaxrl_llm.envs.calls import RESULT_CLOSE, RESULT_OPEN
 from jaxrl_llm.envs.render import RenderedEpisode, Renderer, TokenTrace
 from jaxrl_llm.tasks.base import Example
 
@@ -42,6 +43,18 @@ class EpisodeLimits:
     check_int("EpisodeLimits.max_context_tokens", self.max_context_tokens, 2)
     if self.max_response_tokens is not None:
       check_int("EpisodeLimits.max_response_tokens", self.max_response_tokens, 1)
+
+
+def reachable_max_tokens(renderer: Renderer, max_turns: int, max_turn_tokens: int, longest_result: str) -> int:
+  """The room after the opening prompt (env.max_tokens) in which an episode can reach its turn limit:
+  `max_turns` turns of `max_turn_tokens` each and the `max_turns - 1` observations between them, each
+  carrying `longest_result` (the longest tool result the task gives, or the env's
+  `max_observation_tokens` cut) as `renderer` writes it in the tag format. With less room an episode of
+  long turns runs out of it (context_overflow) before its last turn."""
+  check_int("reachable_max_tokens: max_turns", max_turns, 1)
+  check_int("reachable_max_tokens: max_turn_tokens", max_turn_tokens, 1)
+  observation = renderer.observation_ids([], [], [{"role": "tool", "content": f"{RESULT_OPEN}{longest_result}{RESULT_CLOSE}"}])
+  return max_turns * max_turn_tokens + (max_turns - 1) * len(observation)
 
 
 @dataclasses.dataclass(frozen=True)

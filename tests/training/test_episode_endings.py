@@ -1,6 +1,6 @@
 """How an episode ends and what its limits count (docs/objectives.md section 6): a last turn spent on a
 tool call did not finish, the soft overlong penalty counts policy tokens against the policy's room, and
-the calculator example's turn limit can be reached."""
+the tool examples' turn limits can be reached."""
 
 import base64
 import json
@@ -18,12 +18,13 @@ from jaxrl_llm.envs.config import EnvConfig
 from jaxrl_llm.envs.episode import Episode, EpisodeLimits, run_episode
 from jaxrl_llm.envs.pool import ToolLimits, ToolPool
 from jaxrl_llm.envs.render import PlainRenderer
-from jaxrl_llm.envs.tool_env import ToolEnv
+from jaxrl_llm.envs.tool_env import TRUNCATED, ToolEnv
 from jaxrl_llm.model.tokenizer import CharTokenizer
 from jaxrl_llm.rundir import inspect_page, token_dump
 from jaxrl_llm.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.sampling.turns import SampledTurns
 from jaxrl_llm.tasks.arithmetic import ArithmeticTask
+from jaxrl_llm.tasks.countdown import CountdownTask
 from jaxrl_llm.tasks.base import Example
 from jaxrl_llm.training import episodes as episodes_lib
 from jaxrl_llm.training import provenance
@@ -86,15 +87,28 @@ def test_soft_overlong_penalty_counts_policy_tokens_against_the_policys_room(poo
   np.testing.assert_allclose(scores.reward_B, [0.0 - 1.0, 1.0 - 0.5, 0.0 - 0.0])
 
 
-def test_the_calculator_examples_turn_limit_can_be_reached(pool):
-  """configs/examples/arithmetic_calculator.py: with every turn as long as it may be (a call of
-  env.max_turn_tokens tokens) and every result the task's longest ("<result>108</result>", 99 + 9),
-  the episode reaches its turn limit instead of running out of room."""
-  cfg = from_config_dict(load_config("examples/arithmetic_calculator"))
+# (example, its task, an example, a call whose output is the longest a turn can ask for, its observation)
+REACHABLE = [
+    # "<result>108</result>": 99 + 9, the task's largest sum
+    ("arithmetic_calculator", lambda cfg: ArithmeticTask(digits=cfg.task.digits, digits2=cfg.task.digits2),
+     Example(prompt="99+9=", answer="108"), "<calc>99+9{}</calc>", "<result>108</result>"),
+    # 9**99 prints 95 digits, cut to env.max_observation_tokens (24) ending in TRUNCATED
+    ("countdown_python", lambda cfg: CountdownTask(n_numbers=cfg.task.n_numbers, max_number=cfg.task.max_number),
+     Example(prompt="2,6,8>10:", answer="10"), "<python>9**99{}</python>",
+     "<result>" + str(9**99)[:10] + TRUNCATED + "</result>"),
+]
+
+
+@pytest.mark.parametrize("name,task,ex,call,observation", REACHABLE, ids=[r[0] for r in REACHABLE])
+def test_the_tool_examples_turn_limits_can_be_reached(pool, name, task, ex, call, observation):
+  """configs/examples/arithmetic_calculator.py and countdown_python.py: with every turn as long as it
+  may be (a call of env.max_turn_tokens tokens) and every result the longest it can be (the task's
+  largest value, or a printed value cut to env.max_observation_tokens), the episode reaches its turn
+  limit instead of running out of room, and fills that room exactly."""
+  cfg = from_config_dict(load_config(f"examples/{name}"))
   env_cfg = cfg.env
-  env = registry.make_env(env_cfg, ArithmeticTask(digits=cfg.task.digits, digits2=cfg.task.digits2), pool, TOK)
-  ex = Example(prompt="99+9=", answer="108")
-  call = "<calc>99+9" + " " * (env_cfg.max_turn_tokens - len("<calc>99+9</calc>")) + "</calc>"
+  env = registry.make_env(env_cfg, task(cfg), pool, TOK)
+  call = call.format(" " * (env_cfg.max_turn_tokens - len(call.format(""))))
   assert len(TOK.encode(call)) == env_cfg.max_turn_tokens
 
   def sample(ids, max_new_tokens, stop_strings):
@@ -106,7 +120,7 @@ def test_the_calculator_examples_turn_limit_can_be_reached(pool):
                          max_response_tokens=env_cfg.max_tokens)
   result = run_episode(env, PlainRenderer(TOK), ex, limits, sample)
   assert (result.status, result.n_turns) == ("turn_limit", env_cfg.max_turns)
-  # max_turns turns of max_turn_tokens and the max_turns - 1 results of 20 between them fill the room.
+  # max_turns turns of max_turn_tokens and the max_turns - 1 results between them, and they fill the room
+  assert TOK.decode(result.rendered.ids_T[result.rendered.prompt_len:]) == observation.join([call] * env_cfg.max_turns)
   assert len(result.rendered.ids_T) - result.rendered.prompt_len == \
-      env_cfg.max_turns * env_cfg.max_turn_tokens + (env_cfg.max_turns - 1) * len("<result>108</result>") == \
-      env_cfg.max_tokens
+      env_cfg.max_turns * env_cfg.max_turn_tokens + (env_cfg.max_turns - 1) * len(observation) == env_cfg.max_tokens
