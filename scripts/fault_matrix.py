@@ -24,7 +24,8 @@ run of the same command, reruns that command as a user would, and compares:
   in the background (`rollout.overlap`, staleness 2) with continuous batching
   (killed with samples in the slots, or in an update with batches queued), and
   in a run of multi-turn episodes with a tool (killed between two rounds, with
-  episodes and tool workers mid-way). Nothing in flight is checkpointed: the
+  episodes and tool workers mid-way, and the same on the continuous batcher,
+  killed after a chunk with slots mid-turn). Nothing in flight is checkpointed: the
   resumed run regenerates it from the checkpointed policy snapshots, key and
   pipeline position, and must end equal to its own uninterrupted reference.
 
@@ -65,19 +66,26 @@ EPISODES = ["--config=configs/examples/arithmetic_calculator.py", *config_flags(
     "train.steps": STEPS, "sft.steps": 80, "sft.batch_size": 32, "sft.lr": 0.02, "task.digits": 1,
     "rollout.prompts_per_step": 8, "rollout.group_size": 2, "eval.n_examples": 16, "eval.every": 3,
     "log.progress": False, "checkpoint.every_steps": 2, "checkpoint.keep_last": 3, "checkpoint.async_save": False})]
-VARIANTS = {"async": (FLAGS, ASYNC), "episodes": (EPISODES, ())}
+# The same episodes on the continuous batcher: 16 episodes a step in 8 slots (queued episodes take freed
+# slots), each turn decoded 4 steps a chunk, their tool calls stepped while the other slots decode.
+EPISODE_SLOTS = config_flags({"rollout.continuous_slots": 8, "rollout.decode_chunk": 4})
+VARIANTS = {"async": (FLAGS, ASYNC), "episodes": (EPISODES, ()), "episode_slots": (EPISODES, EPISODE_SLOTS)}
 VARIANT_SAYS = {"async": "overlap, staleness 2, continuous batching in 8 slots",
-                "episodes": "configs/examples/arithmetic_calculator.py: episodes with a tool"}
+                "episodes": "configs/examples/arithmetic_calculator.py: episodes with a tool",
+                "episode_slots": "the same episodes on the continuous batcher, 8 slots, chunks of 4"}
 # (row, variant, fault): each lands after step 2's checkpoint has committed (saved synchronously). The
 # counts are of the training's rollouts only (evaluation passes neither point) and the runs are
 # deterministic, so each lands in the same batch every time:
 # - decode_chunk 22 is in the 5th batch (the same flags without overlap, raising there, fail in step 5's
 #   rollout; so do chunks 18 and 21), which samples with theta_2: published after step 2's save,
 #   whatever the background thread's timing;
-# - episode_round 5: at most 2 rounds a step (env.max_turns = 2), so step 3 or later.
+# - episode_round 5: at most 2 rounds a step (env.max_turns = 2), so step 3 or later;
+# - with episode slots, episode_round passes after each chunk (the calculator example: 7-11 a step):
+N_SLOT_ROUND = 24  # step 3 is rounds 21-29 (step 1: 1-11, step 2: 12-20)
 ASYNC_ROWS = (("async_kill_decode_chunk_22", "async", "decode_chunk:22:kill"),
               ("async_kill_update_5", "async", "update:5:kill"),
-              ("episodes_kill_episode_round_5", "episodes", "episode_round:5:kill"))
+              ("episodes_kill_episode_round_5", "episodes", "episode_round:5:kill"),
+              (f"episode_slots_kill_episode_round_{N_SLOT_ROUND}", "episode_slots", f"episode_round:{N_SLOT_ROUND}:kill"))
 # Where SIGKILL may land: point -> how many times one run passes it.
 KILL_RANGES = {"sft_step": 40, "rollout": STEPS, "update": STEPS, "checkpoint_save": STEPS // 2, "eval": 3}
 
