@@ -53,7 +53,8 @@ def reachable_max_tokens(renderer: Renderer, max_turns: int, max_turn_tokens: in
   long turns runs out of it (context_overflow) before its last turn."""
   check_int("reachable_max_tokens: max_turns", max_turns, 1)
   check_int("reachable_max_tokens: max_turn_tokens", max_turn_tokens, 1)
-  observation = renderer.observation_ids([], [], [{"role": "tool", "content": f"{RESULT_OPEN}{longest_result}{RESULT_CLOSE}"}])
+  message = {"role": "tool", "content": f"{RESULT_OPEN}{longest_result}{RESULT_CLOSE}"}
+  observation = renderer.observation_ids([], [], [message])
   return max_turns * max_turn_tokens + (max_turns - 1) * len(observation)
 
 

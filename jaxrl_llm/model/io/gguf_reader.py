@@ -36,7 +36,7 @@ def _reader(path: str):
   return a short array there and fail later on a reshape, with no word of the cause.
 
   Its reads also go through a plain ndarray view of the file's memory map (the same bytes, not a
-  copy): the reader parses a vocabulary of 262,144 strings with three reads each, and every slice of
+  copy): the reader parses a vocabulary of 262,144 strings with four reads each, and every slice of
   an `np.memmap` runs the subclass's `__array_finalize__`. Gemma 3 270M's file opens in 4.4 s this
   way against 15.3 s through `gguf.GGUFReader` (scripts/bench_gguf_open.py, docs/benchmarks.md)."""
   import gguf
