@@ -10,7 +10,13 @@ are each a `LossFn` on it; this module owns what they share:
   sum of the micro-batches' gradients is the full-batch gradient
   (objectives/aggregation.py). Micro-batches run in a `lax.scan` that sums the
   gradients, the loss's (numerator, denominator), `LossOut.sums` and combines
-  `LossOut.extrema`; `LossOut.rows` (per-row outputs) come back in row order.
+  `LossOut.extrema`.
+* **per-row outputs** (`LossOut.rows`, the token-weight dump's factors) come
+  from a forward-only program of their own (`step_rows`) at the step's starting
+  params, in row order; the step is then `apply`'s own program. A program with
+  more outputs may be rounded differently by XLA (XLA:CPU's elemental emitters
+  moved 4 of 3,168 weights by 1 ulp), so asking for the rows never changes the
+  run.
 * **groups.** What trains is one or more named trees, each with its own
   optimizer and its own guard (the policy and PPO's value head); a group with
   `lora=True` trains a LoRA model's adapters only (model/lora.py), its frozen
@@ -117,7 +123,7 @@ def _combine_extrema(a: dict, b: dict) -> dict:
 
 
 def learn_step(slots: dict, frozen: dict, batch, aux, *, spec: LearnSpec):
-  """One optimizer step on a mini-batch: -> (slots, spec.report(StepOut), rows).
+  """One optimizer step on a mini-batch: -> (slots, spec.report(StepOut)).
 
   slots: {group name: Slot}; frozen: {group name: a LoRA group's frozen base, else None}.
   """
@@ -135,15 +141,13 @@ def learn_step(slots: dict, frozen: dict, batch, aux, *, spec: LearnSpec):
     g_acc, acc = carry
     g, out = grad_fn(trained, mb)
     acc = (acc[0] + out.loss, jax.tree.map(jnp.add, acc[1], out.sums), _combine_extrema(acc[2], out.extrema))
-    return (jax.tree.map(jnp.add, g_acc, g), acc), out.rows
+    return (jax.tree.map(jnp.add, g_acc, g), acc), None
 
   # The first micro-batch runs outside the scan: it gives the sums' structure to accumulate into.
   g0, out0 = grad_fn(trained, jax.tree.map(lambda x: x[0], micro))
   carry = (jax.tree.map(jnp.add, jax.tree.map(jnp.zeros_like, trained), g0), (out0.loss, out0.sums, out0.extrema))
-  rows = out0.rows
   if spec.n_micro > 1:
-    carry, rest_rows = jax.lax.scan(body, carry, jax.tree.map(lambda x: x[1:], micro))
-    rows = jax.tree.map(lambda a, b: jnp.concatenate([a, b.reshape((-1,) + b.shape[2:])]), rows, rest_rows)
+    carry, _ = jax.lax.scan(body, carry, jax.tree.map(lambda x: x[1:], micro))
   grads, (total, sums, extrema) = carry
 
   loss = total.value()
@@ -159,7 +163,17 @@ def learn_step(slots: dict, frozen: dict, batch, aux, *, spec: LearnSpec):
         group.tx, grads[group.name], s.opt_state, s.params, loss)
     new[group.name] = Slot(params=params, opt_state=opt_state)
   out = StepOut(loss=total, sums=sums, extrema=extrema, grad_norm=grad_norm, skipped=skipped)
-  return new, spec.report(out), rows
+  return new, spec.report(out)
+
+
+def step_rows(slots: dict, frozen: dict, batch, aux, *, spec: LearnSpec) -> dict:
+  """`LossOut.rows` of `learn_step`'s loss at `slots` on a mini-batch, {name: [B, ...]} in row order: the
+  loss's forward pass alone, micro-batch by micro-batch, with the same normalisers."""
+  trained = {n: s.params for n, s in slots.items()}
+  norms = spec.norms_fn(batch)
+  rows = jax.lax.map(lambda mb: spec.loss_fn({n: lora.join(trained[n], frozen[n]) for n in trained}, mb, aux,
+                                             norms).rows, split_micro(batch, spec.n_micro))
+  return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,34 +190,33 @@ class Learner:
   batch_sharding: Any  # a pytree prefix of the batch: its rows over data x fsdp
   aux_sharding: Any = None  # a pytree prefix of aux (None: keep the arguments' placement)
   report_sharding: Any = None  # the metrics' placement
-  rows_sharding: Any = None  # the per-row outputs' (`with_rows`)
+  rows_sharding: Any = None  # the per-row outputs' (`apply_with_rows`)
 
-  def _jit(self, with_rows: bool):
-    spec = self.spec
-
-    def run(slots, frozen, batch, aux):
-      new, report, rows = learn_step(slots, frozen, batch, aux, spec=spec)
-      return (new, report, rows) if with_rows else (new, report)
-
-    outs = (self.slot_shardings, self.report_sharding) + ((self.rows_sharding,) if with_rows else ())
-    return jax.jit(run, in_shardings=(self.slot_shardings, self.frozen_shardings, self.batch_sharding,
-                                      self.aux_sharding), out_shardings=outs, donate_argnums=(0,))
+  @property
+  def _in_shardings(self):
+    return (self.slot_shardings, self.frozen_shardings, self.batch_sharding, self.aux_sharding)
 
   @functools.cached_property
   def _apply(self):
-    return self._jit(with_rows=False)
+    return jax.jit(functools.partial(learn_step, spec=self.spec), in_shardings=self._in_shardings,
+                   out_shardings=(self.slot_shardings, self.report_sharding), donate_argnums=(0,))
 
   @functools.cached_property
-  def _apply_with_rows(self):
-    return self._jit(with_rows=True)
+  def _rows(self):
+    return jax.jit(functools.partial(step_rows, spec=self.spec), in_shardings=self._in_shardings,
+                   out_shardings=self.rows_sharding)
 
   def apply(self, slots: dict, frozen: dict, batch, aux):
     """-> (slots, metrics): one step on one mini-batch placed with `batch_sharding`."""
     return self._apply(slots, frozen, batch, aux)
 
   def apply_with_rows(self, slots: dict, frozen: dict, batch, aux):
-    """-> (slots, metrics, rows): the same step that also returns `LossOut.rows`, {name: [B, ...]}."""
-    return self._apply_with_rows(slots, frozen, batch, aux)
+    """-> (slots, metrics, rows): `apply`, and the loss's `LossOut.rows` ({name: [B, ...]}) at the step's
+    starting params from the forward-only program (`step_rows`): the step is the same program as
+    `apply`'s, so the run is the same bits with or without the rows."""
+    rows = self._rows(slots, frozen, batch, aux)  # before `apply` donates `slots`
+    new, report = self._apply(slots, frozen, batch, aux)
+    return new, report, rows
 
   def lower(self, slots: dict, frozen: dict, batch, aux):
     """`apply`'s program lowered for these arguments (arrays or ShapeDtypeStructs with shardings)."""

@@ -195,7 +195,7 @@ def update_step(state: UpdateState, batch: TrainBatch, aux: dict, *, spec: Updat
   micro-batch (`LossContext.aux`); AUX_BEHAV_HEAD for TRM.
   """
   slots, frozen = _slots(state)
-  new, metrics, _ = learn_step(slots, frozen, batch, aux, spec=learn_spec(spec, tx, vtx))
+  new, metrics = learn_step(slots, frozen, batch, aux, spec=learn_spec(spec, tx, vtx))
   return _state(new, frozen), metrics
 
 
