@@ -25,7 +25,7 @@ def _still_serves(pool):
     ("print('x' * 10_000_000)", "tool_output_overflow", False),  # 10 MB print: cut at the 4096-char cap
     ("for i in range(10**7): print(i)", "tool_output_overflow", False),
     ("x = bytearray(10**10)", "tool_memory", True),  # 10 GB at once, past the 512 MiB RLIMIT_AS
-    ("x = []\nwhile True: x.append(bytearray(10**7))", "tool_memory", True),  # unbounded growth
+    ("x = []\nwhile True: x.append(bytes(10**7))", "tool_memory", True),  # unbounded growth (test_tool_env.py)
 ])
 def test_bad_calls_are_contained(pool, code, status, replaced):
   # Idle workers queue first in, first out: two calls in a row warm both slots, and the two after the
