@@ -34,6 +34,10 @@ def get_config():
   c.env.instructions = True  # the system message lists the tool; no warm start teaches the format
   c.env.max_turns = 3  # a call, its answer, one more call allowed
   c.env.max_turn_tokens = 40  # a call in SmolLM2's tokens is about 30
-  c.env.max_tokens = 96  # a call, the tool message around its result, and the answer
+  c.env.max_observation_tokens = 24  # a result's tokens at most ("10**50" is cut; a 12-digit float is not)
+  # The room for 3 turns of 40 tokens and the 2 tool messages between them, each a 24-token result in
+  # SmolLM2's template (10 tokens around it), measured by tests/envs/test_tool_env.py's
+  # test_the_smollm2_calculator_examples_turn_limit_can_be_reached: 3 * 40 + 2 * 34.
+  c.env.max_tokens = 188
   c.env.workers = 2
   return c

@@ -228,3 +228,41 @@ def test_add_an_environment_and_a_tool(pool, monkeypatch):
   assert tok.decode(observed) == "<result>3</result>"
   env.reset(WORD_PROBLEM)
   assert env.step("<count>seven</count>").messages == ({"role": "tool", "content": "<result>1</result>"},)
+
+
+def test_the_smollm2_calculator_examples_turn_limit_can_be_reached(pool, smollm2_tokenizer_dir):
+  """configs/examples/smollm2_calculator.py: with every turn a call of env.max_turn_tokens tokens (its
+  EOS included) whose result is cut to env.max_observation_tokens, the episode reaches its turn limit
+  instead of running out of room, and fills that room (env.max_tokens) exactly."""
+  from run_helpers import load_config  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.tasks.registry import make_task  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training.config import from_config_dict  # pylint: disable=import-outside-toplevel
+  from jaxrl_llm.training.episodes import env_renderer  # pylint: disable=import-outside-toplevel
+
+  cfg = from_config_dict(load_config("examples/smollm2_calculator"))
+  tok = load_tokenizer(smollm2_tokenizer_dir)
+  env = registry.make_env(cfg.env, make_task(cfg), pool, tok)
+  renderer = env_renderer(cfg.env, env, tok, cfg.data.chat_template)
+  # 10**50 has 51 digits: more than max_observation_tokens, so every result is cut to the most it may be.
+  # "+0" terms pad the call to exactly max_turn_tokens tokens with its EOS.
+  want = cfg.env.max_turn_tokens - 1
+  calls = [f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "10**50{"+0" * k}"}}}}</tool_call>'
+           f'{" " * s}' for k in range(40) for s in (0, 1)]
+  call = next(c for c in calls if len(tok.encode(c)) == want)
+  turn = tok.encode(call) + [tok.eos_id]
+
+  def sample(ids, max_new_tokens, stop_strings):
+    return turn[:max_new_tokens], len(turn) > max_new_tokens
+
+  ex = make_task(cfg).examples("eval", 1)[0]
+  prompt_len = len(renderer.opening_ids(env.reset(ex)))
+  limits = EpisodeLimits(max_turn_tokens=cfg.env.max_turn_tokens, max_context_tokens=prompt_len + cfg.env.max_tokens,
+                         max_response_tokens=cfg.env.max_tokens)
+  result = run_episode(env, renderer, ex, limits, sample)
+  assert (result.status, result.n_turns) == ("turn_limit", cfg.env.max_turns)
+  r = result.rendered
+  assert r.ids_T[r.policy_T].tolist() == turn * cfg.env.max_turns  # no turn was cut short
+  observations = [tok.decode(r.ids_T[(~r.policy_T) & (r.turn_T == t)], skip_special_tokens=False) for t in (1, 2)]
+  for obs in observations:  # the result cut to max_observation_tokens, in the template's tool message
+    assert obs.startswith("\n<|im_start|>tool\n" + "1" + "0" * 8) and "[truncated]" in obs, obs
+  assert len(r.ids_T) - r.prompt_len == cfg.env.max_tokens  # the room is filled exactly
