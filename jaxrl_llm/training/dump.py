@@ -1,8 +1,9 @@
 """The token-weight dump: a chosen step's batch with every factor its loss used.
 
 Each step listed in `log.dump_steps` runs its updates through
-`Updater.apply_with_factors` (the same update, which also hands back the policy
-loss's `objectives.TokenFactors`) and then writes
+`Updater.apply_with_factors` (the same compiled update, after a forward-only
+program that gives the policy loss's `objectives.TokenFactors` at the update's
+starting params) and then writes
 <workdir>/dumps/step_N.npz + step_N.json (file format: jaxrl_llm/rundir/token_dump.py),
 which `python -m jaxrl_llm.inspect` renders. B samples, R response tokens,
 P prompt slots, K passes over the batch (train.epochs); every row is in one

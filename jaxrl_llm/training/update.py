@@ -216,7 +216,8 @@ class Updater:
     return _state(new, frozen), metrics
 
   def apply_with_factors(self, state: UpdateState, batch: TrainBatch, aux: dict) -> tuple[UpdateState, dict, dict]:
-    """`apply` that also returns the per-token factors; donates `state` (but a LoRA model's frozen base)."""
+    """`apply`, and the per-token factors at `state` from a forward-only program (the update is `apply`'s
+    own program, so the run is the same bits); donates `state` (but a LoRA model's frozen base)."""
     slots, frozen = _slots(state)
     new, metrics, factors = self.learner.apply_with_rows(slots, frozen, batch, aux)
     return _state(new, frozen), metrics, factors
