@@ -12,6 +12,7 @@ devices per process (one device's program in gloo's all-reduce, the other's laun
 in-flight slot), after a few steps, in about half the runs; a TPU host's chips do not go through gloo.
 """
 
+import fcntl
 import json
 import os
 import signal
@@ -25,6 +26,8 @@ import numpy as np
 import pytest
 
 from run_helpers import CHEAP_XLA_FLAGS, REPO
+
+from jaxrl_llm.training.tiny import TINY_MODEL, config_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("multiprocess_run")]
 
@@ -154,9 +157,19 @@ def _warm_start(tmp_path_factory, name: str, base: tuple[str, ...]) -> tuple[str
   return (f"--config.init_checkpoint={workdir}", "--config.sft.steps=0")
 
 
-@pytest.fixture(scope="session")  # once per worker: a module scope is set up again after another module's test
+@pytest.fixture(scope="session")
 def warm(tmp_path_factory) -> tuple[str, ...]:
-  return _warm_start(tmp_path_factory, "warm", (*RUN_FLAGS, *WARM_SFT))
+  """Made once per suite: the first pytest-xdist worker to ask makes it in the folder the workers
+  share, under a lock; another waits for it rather than making its own (half a minute of both cores)."""
+  shared = tmp_path_factory.getbasetemp()
+  if "PYTEST_XDIST_WORKER" in os.environ:
+    shared = shared.parent  # the run's folder, above the workers' own
+  with open(shared / "warm.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = shared / "warm.json"
+    if not done.exists():
+      done.write_text(json.dumps(_warm_start(tmp_path_factory, "warm", (*RUN_FLAGS, *WARM_SFT))))
+    return tuple(json.loads(done.read_text()))
 
 
 @pytest.fixture(scope="session")
@@ -287,9 +300,10 @@ def test_a_teacher_method_in_two_processes_is_the_single_process_run(tmp_path, w
   _assert_same_run(two, one)
 
 
-# The calculator example, shrunk: 2 RL steps of episodes whose tool calls each process runs for its own
+# The calculator example, shrunk (the tiny model, as the fault matrix's episodes row in
+# tests/checkpointing/test_fault_matrix.py: it learns the call format in the same warm start): 2 RL steps of episodes whose tool calls each process runs for its own
 # rows only, from a warm start on tool demonstrations (its own, shared by the two runs).
-EPISODE_FLAGS = ("--config=configs/examples/arithmetic_calculator.py", "--config.train.steps=2",
+EPISODE_FLAGS = ("--config=configs/examples/arithmetic_calculator.py", *config_flags(TINY_MODEL), "--config.train.steps=2",
                  "--config.task.digits=1", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=2",
                  "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1",
                  "--config.log.dump_steps=(2,)")

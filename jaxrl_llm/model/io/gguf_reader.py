@@ -14,6 +14,7 @@ Shapes are in numpy order (the reader reverses ggml's `ne`), which for every
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -31,8 +32,9 @@ class _Truncated(Exception):
     self.needed = needed
 
 
-def _reader(path: str):
-  """gguf.GGUFReader, told to stop at the first read past the end of the file: its own reads would
+@functools.cache
+def reader_class() -> type:
+  """A subclass of gguf.GGUFReader, told to stop at the first read past the end of the file: its own reads would
   return a short array there and fail later on a reshape, with no word of the cause.
 
   Its reads also go through a plain ndarray view of the file's memory map (the same bytes, not a
@@ -55,7 +57,7 @@ def _reader(path: str):
       arr = self._plain[offset:end].view(dtype)[:count]
       return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
-  return Reader(path)
+  return Reader
 
 
 class GGUFFile:
@@ -71,7 +73,7 @@ class GGUFFile:
     if magic != _MAGIC:
       raise ConfigError(f"{path}: not a GGUF file (starts with {magic!r}, expected {_MAGIC!r})")
     try:
-      reader = _reader(path)
+      reader = reader_class()(path)
     except _Truncated as e:
       raise ConfigError(f"{path}: truncated: reading it needs {e.needed} bytes, the file has {size}") from None
     except Exception as e:  # the reader raises ValueError, IndexError, KeyError... on a damaged header
