@@ -26,7 +26,14 @@ and 70.8 s with them. The third halves the compile of an update step (about
 and vocabulary-kernel modules (`-n 2`) took 250 s and compiled for 309 s
 without it, 146 s and 108 s with it (load 3.3 and 2.7). The flags change how
 XLA:CPU generates machine code, not the HLO it runs; the subprocesses the
-tests start get them too (run_helpers.CHEAP_XLA_FLAGS).
+tests start get them too (run_helpers.CHEAP_XLA_FLAGS). Two more fit two
+shared cores: `--xla_cpu_parallel_codegen_split_count=1` (a program's LLVM
+module is not split for parallel code generation) and
+`--xla_cpu_multi_thread_eigen=false` (Eigen's kernels on the calling thread,
+not a pool competing with the other worker): the packed-update module
+(`-n 0`, load 1.1-1.4) took 83.9 and 85.2 s without them, 72.9 s with both;
+it, the first hour and the kept cache (`-n 2`) 129.2 s and 121.2 s (230.7
+and 212.8 s of user time, load 1.2-2.5).
 """
 
 import gc

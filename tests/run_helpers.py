@@ -3,10 +3,11 @@
 import importlib.util
 import os
 
-# XLA:CPU with LLVM's cheap passes and the elemental fusion emitters: the suite is compile-bound
-# (tests/conftest.py).
+# XLA:CPU with LLVM's cheap passes, the elemental fusion emitters, each program's machine code made in
+# one piece and Eigen's kernels on the calling thread: the suite is compile-bound (tests/conftest.py).
 CHEAP_XLA_FLAGS = (
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false")
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+    " --xla_cpu_parallel_codegen_split_count=1 --xla_cpu_multi_thread_eigen=false")
 # The subprocesses that run on one CPU device.
 ONE_DEVICE_XLA_FLAGS = f"--xla_force_host_platform_device_count=1 {CHEAP_XLA_FLAGS}"
 
