@@ -65,7 +65,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # Python's cyclic garbage collector runs less often: tracing and lowering a program allocate millions
 # of short-lived objects, and each collection walks the heap's long-lived ones (jax, flax, the test's
-# arrays). The packed-update module (`-n 0`, load 1.2-1.4) took 95.0 and 97.3 s with the defaults
+# arrays). The packed-update module (`-n 0`, load 0.8-1.4) took 95.0 and 97.3 s with the defaults
 # (700, 10, 10), 88.5 and 93.3 s with these. Each module's end still collects
 # (`_release_compiled_programs`).
 gc.set_threshold(100_000, 50, 1000)
