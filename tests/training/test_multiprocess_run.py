@@ -305,8 +305,8 @@ def test_a_teacher_method_in_two_processes_is_the_single_process_run(tmp_path, w
 # in the fault matrix's episodes row (tests/checkpointing/test_fault_matrix.py): it learns the call format
 # in the same warm start.
 EPISODE_FLAGS = ("--config=configs/examples/arithmetic_calculator.py", *config_flags(TINY_MODEL),
-                 "--config.train.steps=2", "--config.task.digits=1", "--config.rollout.prompts_per_step=8", "--config.rollout.group_size=2",
-                 "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1",
+                 "--config.train.steps=2", "--config.task.digits=1", "--config.rollout.prompts_per_step=8",
+                 "--config.rollout.group_size=2", "--config.eval.n_examples=16", "--config.log.progress=False", "--config.checkpoint.every_steps=1",
                  "--config.log.dump_steps=(2,)")
 EPISODE_SFT = ("--config.sft.steps=80", "--config.sft.batch_size=32", "--config.sft.lr=0.02")
 
